@@ -1,0 +1,232 @@
+"""The Tinker-style clients: ServiceClient -> TrainingClient / SamplingClient, with futures.
+
+    service = strop.ServiceClient()                                     # local backend
+    training = service.create_lora_training_client(base_model="strop/tiny-random", rank=8)
+    sampler = training.save_weights_and_get_sampling_client(name="step-0")
+    seqs = sampler.sample(prompt=mi, num_samples=4, sampling_params=params).result().sequences
+    training.forward_backward(datums, loss_fn="importance_sampling").result()
+    training.optim_step(types.AdamParams(learning_rate=1e-4)).result()
+
+Sampling and training are separate objects that share only weights: a SamplingClient holds an adapter
+snapshot, and the engine it runs on merges that snapshot in when it samples. `sample()` returns at once;
+the first `.result()` generates every request queued on that engine in one batch, which is how a loop that
+submits a hundred prompts before collecting any gets batched generation without threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+import torch
+
+from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
+from strop.engine.trainer import LoraTrainer, load_adapter_weights
+from strop.errors import StropError
+from strop.paths import strop_home
+from strop.types import (AdamParams, Datum, ForwardBackwardOutput, ModelInput, OptimStepResponse, SampleResponse,
+                         SamplingParams, SaveWeightsResponse)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class APIFuture:
+    """A result that is ready now or computed on first `.result()`; `result()` may be called many times."""
+
+    def __init__(self, compute=None, value=None):
+        self._compute, self._value, self._done = compute, value, compute is None
+
+    @classmethod
+    def of(cls, value) -> APIFuture:
+        return cls(value=value)
+
+    def result(self, timeout: float | None = None):
+        if not self._done:
+            self._value = self._compute()
+            self._done, self._compute = True, None
+        return self._value
+
+    async def result_async(self):
+        return self.result()
+
+    def done(self) -> bool:
+        return self._done
+
+
+class _SampleQueue:
+    """Requests waiting for an engine; flushed together when any of their futures is read."""
+
+    def __init__(self, engine: SamplerEngine):
+        self.engine = engine
+        self.pending: list[tuple[AdapterWeights | None, SampleRequest, Future]] = []
+        self.lock = threading.Lock()
+
+    def submit(self, adapter, request: SampleRequest) -> APIFuture:
+        future: Future = Future()
+        with self.lock:
+            self.pending.append((adapter, request, future))
+
+        def wait():
+            if not future.done():
+                self.flush()
+            return future.result()
+        return APIFuture(wait)
+
+    def flush(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+            # one batch per adapter, in order of first appearance
+            by_adapter: dict[int, list] = {}
+            for item in pending:
+                by_adapter.setdefault(id(item[0]), []).append(item)
+            for items in by_adapter.values():
+                try:
+                    self.engine.activate(items[0][0])
+                    responses = self.engine.generate([req for _, req, _ in items])
+                except BaseException as exc:  # every waiter learns why, not only the first
+                    for _, _, fut in items:
+                        fut.set_exception(exc)
+                    continue
+                for (_, _, fut), response in zip(items, responses):
+                    fut.set_result(response)
+
+
+class LocalBackend:
+    """Loads base models once per process and keeps one sampler engine per base model."""
+
+    def __init__(self, sampler_dtype: str = "float32", max_batch: int = 64):
+        self.sampler_dtype = DTYPES[sampler_dtype]
+        self.max_batch = max_batch
+        self._queues: dict[str, _SampleQueue] = {}
+
+    def model_dir(self, base_model: str) -> Path:
+        from strop.models import resolve_model
+        return resolve_model(base_model)
+
+    def tokenizer(self, base_model: str):
+        from strop.models import load_tokenizer
+        return load_tokenizer(base_model)
+
+    def queue(self, base_model: str) -> _SampleQueue:
+        path = str(self.model_dir(base_model))
+        if path not in self._queues:
+            engine = SamplerEngine(path, tokenizer=self.tokenizer(base_model), dtype=self.sampler_dtype,
+                                   max_batch=self.max_batch)
+            self._queues[path] = _SampleQueue(engine)
+        return self._queues[path]
+
+
+class SamplingClient:
+    """Samples from fixed weights: a base model plus (optionally) one adapter snapshot."""
+
+    def __init__(self, backend: LocalBackend, base_model: str, adapter: AdapterWeights | None = None,
+                 model_path: str | None = None):
+        self.backend, self.base_model, self.adapter, self.model_path = backend, base_model, adapter, model_path
+        self._queue = backend.queue(base_model)
+
+    def sample(self, prompt: ModelInput, num_samples: int = 1, sampling_params: SamplingParams | None = None,
+               include_prompt_logprobs: bool = False) -> APIFuture:
+        if num_samples < 1:
+            raise StropError(f"num_samples must be at least 1, got {num_samples}")
+        if prompt.length == 0:
+            raise StropError("cannot sample from an empty prompt; build one with renderer.build_generation_prompt(messages)")
+        request = SampleRequest(prompt_tokens=prompt.to_ints(), num_samples=num_samples,
+                                params=sampling_params or SamplingParams())
+        return self._queue.submit(self.adapter, request)
+
+    def compute_logprobs(self, prompt: ModelInput) -> APIFuture:
+        """Each token's logprob given those before it (None for the first), under this client's weights."""
+        engine = self._queue.engine
+
+        def compute():
+            with self._queue.lock:
+                engine.activate(self.adapter)
+                return engine.prompt_logprobs([prompt.to_ints()])[0]
+        return APIFuture(compute)
+
+    def get_tokenizer(self):
+        return self.backend.tokenizer(self.base_model)
+
+
+class TrainingClient:
+    """A LoRA adapter being trained on a base model."""
+
+    def __init__(self, backend: LocalBackend, base_model: str, trainer: LoraTrainer):
+        self.backend, self.base_model, self.trainer = backend, base_model, trainer
+        self._saves = 0
+
+    def forward_backward(self, data: list[Datum], loss_fn: str = "cross_entropy",
+                         loss_fn_config: dict | None = None) -> APIFuture:
+        return APIFuture.of(self.trainer.forward_backward(list(data), loss_fn, loss_fn_config))
+
+    def forward(self, data: list[Datum], loss_fn: str = "cross_entropy",
+                loss_fn_config: dict | None = None) -> APIFuture:
+        return APIFuture.of(self.trainer.forward(list(data), loss_fn, loss_fn_config))
+
+    def optim_step(self, adam_params: AdamParams) -> APIFuture:
+        return APIFuture.of(OptimStepResponse(metrics=self.trainer.optim_step(adam_params)))
+
+    def _path(self, name: str | None, kind: str) -> Path:
+        if name and (Path(name).is_absolute() or "/" in name or name.startswith(".")):
+            return Path(name)
+        self._saves += 1
+        return strop_home() / kind / (name or f"{Path(self.trainer.model_dir).name}-{self._saves:04d}")
+
+    def save_weights(self, name: str | None = None) -> APIFuture:
+        """Write the adapter as a PEFT directory (a name goes under $STROP_HOME/weights; a path is used as is)."""
+        path = self.trainer.save_weights(self._path(name, "weights"))
+        return APIFuture.of(SaveWeightsResponse(path=str(path)))
+
+    def save_state(self, name: str | None = None) -> APIFuture:
+        path = self.trainer.save_state(self._path(name, "states"))
+        return APIFuture.of(SaveWeightsResponse(path=str(path)))
+
+    def load_state(self, path: str) -> APIFuture:
+        self.trainer.load_state(path)
+        return APIFuture.of(SaveWeightsResponse(path=str(path)))
+
+    def save_weights_for_sampler(self, name: str | None = None) -> APIFuture:
+        return self.save_weights(name)
+
+    def save_weights_and_get_sampling_client(self, name: str | None = None) -> SamplingClient:
+        """A sampling client on the current weights. With a name the adapter is also written to disk."""
+        path = str(self.trainer.save_weights(self._path(name, "weights"))) if name else None
+        return SamplingClient(self.backend, self.base_model, adapter=self.trainer.adapter_weights(), model_path=path)
+
+    def get_tokenizer(self):
+        return self.backend.tokenizer(self.base_model)
+
+
+class ServiceClient:
+    """Entry point. `backend="local"` trains and samples in this process on CPU (or CUDA when present)."""
+
+    def __init__(self, backend: str = "local", sampler_dtype: str = "float32", max_batch: int = 64, **_ignored):
+        if backend != "local":
+            raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
+        if sampler_dtype not in DTYPES:
+            raise StropError(f"sampler_dtype must be one of {sorted(DTYPES)}, got {sampler_dtype!r}")
+        self.backend = LocalBackend(sampler_dtype=sampler_dtype, max_batch=max_batch)
+
+    def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
+                                    alpha: float | None = None, target_modules: list[str] | None = None,
+                                    compute_dtype: str = "float32", **_tinker_only) -> TrainingClient:
+        trainer = LoraTrainer(self.backend.model_dir(base_model), rank=rank, alpha=alpha,
+                              target_modules=target_modules, seed=seed or 0, compute_dtype=DTYPES[compute_dtype])
+        return TrainingClient(self.backend, base_model, trainer)
+
+    def create_training_client_from_state(self, path: str, base_model: str, rank: int = 32) -> TrainingClient:
+        client = self.create_lora_training_client(base_model=base_model, rank=rank)
+        client.load_state(path)
+        return client
+
+    def create_sampling_client(self, base_model: str | None = None, model_path: str | None = None) -> SamplingClient:
+        """Sample from a base model, or from a saved adapter directory on top of it."""
+        if base_model is None:
+            raise StropError("create_sampling_client needs base_model (the model the adapter was trained on)")
+        adapter = load_adapter_weights(model_path) if model_path else None
+        return SamplingClient(self.backend, base_model, adapter=adapter, model_path=model_path)
+
+    def get_server_capabilities(self) -> dict:
+        from strop.models import CATALOG
+        return {"supported_models": [{"model_name": entry.model_id} for entry in CATALOG]}

@@ -1,0 +1,239 @@
+"""Batched generation with a KV cache and per-token logprobs.
+
+A `SamplerEngine` owns one inference copy of a base model. LoRA adapters are *merged* into its weights when a
+sampling client asks for them (W = W0 + s * B @ A), so sampling costs what the base model costs; switching
+adapters restores W0 from a kept copy first, so nothing drifts however often we switch.
+
+    engine = SamplerEngine(model_dir)
+    [response] = engine.generate([SampleRequest(prompt_tokens=[...], num_samples=4, params=SamplingParams(max_tokens=32))])
+    response.sequences[0].tokens, response.sequences[0].logprobs
+
+Requests are expanded to one row per sample; rows that share a prompt share its prefill (the cache is
+computed once per distinct prompt and repeated). Each row draws from its own seeded generator, so a seeded
+request gives the same tokens whatever else is in the batch. Logprobs are the model's own (temperature 1,
+no top-k/top-p truncation): what the trainer computes for the same tokens, which makes them usable as the
+behaviour policy for importance sampling when sampling at temperature 1.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.cache_utils import DynamicCache
+from transformers.utils import logging as hf_logging
+
+from strop.types import SampledSequence, SampleResponse, SamplingParams
+
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class AdapterWeights:
+    """A LoRA adapter as the sampler merges it: per target module (base-model name), A (r x in) and B (out x r)."""
+
+    deltas: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    scaling: float
+
+    def delta(self, name: str) -> torch.Tensor:
+        lora_a, lora_b = self.deltas[name]
+        return (lora_b.float() @ lora_a.float()) * self.scaling
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    prompt_tokens: list[int]
+    num_samples: int
+    params: SamplingParams
+
+
+@dataclass
+class _Row:
+    """One sample being generated."""
+
+    prompt_index: int
+    generator: torch.Generator
+    params: SamplingParams
+    max_tokens: int
+    stop_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+
+
+def row_seed(seed: int, index: int) -> int:
+    # spread (seed, index) pairs apart so request seed 1 sample 0 differs from seed 0 sample 1
+    return (seed * 1_000_003 + index * 7_919 + 17) % (2**63 - 1)
+
+
+class SamplerEngine:
+    def __init__(self, model_dir: str | Path, tokenizer=None, dtype: torch.dtype = torch.float32, max_batch: int = 64):
+        hf_logging.disable_progress_bar()
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
+        self.model.requires_grad_(False)
+        # transformers 5 renamed past_key_values to cache; speak whichever this version understands
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self.tokenizer = tokenizer
+        self.dtype = dtype
+        self.max_batch = max_batch
+        self._modules = dict(self.model.named_modules())
+        self._base_weights: dict[str, torch.Tensor] = {}
+        self._active: AdapterWeights | None = None
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+    # ---- adapters -------------------------------------------------------------------------------------
+    def activate(self, adapter: AdapterWeights | None) -> None:
+        """Make the engine's weights base + adapter (or the base alone for None)."""
+        if adapter is self._active:
+            return
+        with torch.no_grad():
+            for name, base in self._base_weights.items():
+                self._modules[name].weight.copy_(base)
+            if adapter is not None:
+                for name in adapter.deltas:
+                    if name not in self._modules:
+                        raise KeyError(f"adapter targets module {name!r}, which the base model does not have")
+                    weight = self._modules[name].weight
+                    if name not in self._base_weights:
+                        self._base_weights[name] = weight.detach().clone()
+                    merged = self._base_weights[name].float() + adapter.delta(name)
+                    weight.copy_(merged.to(weight.dtype))
+        self._active = adapter
+
+    # ---- generation -----------------------------------------------------------------------------------
+    def generate(self, requests: list[SampleRequest]) -> list[SampleResponse]:
+        rows = []
+        for index, request in enumerate(requests):
+            rows.extend(self._rows_for(index, request))
+        # batches of similar prompt length waste less on padding
+        order = sorted(range(len(rows)), key=lambda i: len(requests[rows[i].prompt_index].prompt_tokens))
+        for start in range(0, len(order), self.max_batch):
+            batch = [rows[i] for i in order[start:start + self.max_batch]]
+            self._generate_batch(batch, [requests[r.prompt_index].prompt_tokens for r in batch])
+        responses: list[list[SampledSequence]] = [[] for _ in requests]
+        for row in rows:
+            responses[row.prompt_index].append(SampledSequence(stop_reason=row.stop_reason, tokens=row.tokens, logprobs=row.logprobs))
+        return [SampleResponse(sequences=seqs) for seqs in responses]
+
+    def _rows_for(self, index: int, request: SampleRequest) -> list[_Row]:
+        params = request.params
+        base_seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
+        stop_ids, stop_strings = self._split_stops(params.stop)
+        rows = []
+        for i in range(request.num_samples):
+            generator = torch.Generator().manual_seed(row_seed(base_seed, i))
+            rows.append(_Row(prompt_index=index, generator=generator, params=params,
+                             max_tokens=params.max_tokens or DEFAULT_MAX_TOKENS,
+                             stop_ids=stop_ids, stop_strings=stop_strings))
+        return rows
+
+    def _split_stops(self, stop) -> tuple[frozenset[int], tuple[str, ...]]:
+        ids, strings = set(self.eos_ids), []
+        for item in stop or ():
+            if isinstance(item, str):
+                if self.tokenizer is None:
+                    raise ValueError("stop strings need a tokenizer; give the sampler one or stop on token ids")
+                strings.append(item)
+            else:
+                ids.add(int(item))
+        return frozenset(ids), tuple(strings)
+
+    @torch.inference_mode()
+    def _generate_batch(self, rows: list[_Row], prompts: list[list[int]]) -> None:
+        # prefill each distinct prompt once, then repeat its cache for every row that samples from it
+        distinct: dict[tuple[int, ...], int] = {}
+        row_to_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        unique = list(distinct)
+        width = max(len(p) for p in unique)
+        pad = 0
+        input_ids = torch.full((len(unique), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for i, prompt in enumerate(unique):
+            input_ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            mask[i, width - len(prompt):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        select = torch.tensor(row_to_prompt, dtype=torch.long)
+        cache.batch_select_indices(select)
+        logits_B_V = out.logits[:, -1, :].float()[select]
+        mask = mask[select]
+        next_pos_B = positions[select, -1] + 1
+
+        live = list(range(len(rows)))  # which rows the batch dimension holds, in order
+        while True:
+            tokens_B, logprobs_B = self._pick(logits_B_V, [rows[i] for i in live])
+            keep = []
+            for b, i in enumerate(live):
+                row = rows[i]
+                token = int(tokens_B[b])
+                row.tokens.append(token)
+                row.logprobs.append(float(logprobs_B[b]))
+                if token in row.stop_ids or self._hit_stop_string(row):
+                    row.stop_reason = "stop"
+                elif len(row.tokens) >= row.max_tokens:
+                    row.stop_reason = "length"
+                else:
+                    keep.append(b)
+            if not keep:
+                return
+            if len(keep) < len(live):
+                keep_t = torch.tensor(keep, dtype=torch.long)
+                cache.batch_select_indices(keep_t)
+                tokens_B, mask, next_pos_B = tokens_B[keep_t], mask[keep_t], next_pos_B[keep_t]
+                live = [live[b] for b in keep]
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype)], dim=1)
+            out = self.model(input_ids=tokens_B[:, None], attention_mask=mask, position_ids=next_pos_B[:, None],
+                             use_cache=True, **{self._cache_kw: cache})
+            logits_B_V = out.logits[:, -1, :].float()
+            next_pos_B = next_pos_B + 1
+
+    def _hit_stop_string(self, row: _Row) -> bool:
+        if not row.stop_strings:
+            return False
+        longest = max(len(s) for s in row.stop_strings)
+        # a token decodes to at least one character, so this many trailing tokens hold any stop string
+        tail = self.tokenizer.decode(row.tokens[-(longest + 2):])
+        return any(s in tail for s in row.stop_strings)
+
+    def _pick(self, logits_B_V: torch.Tensor, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Choose each row's next token under its own sampling params; return tokens and model logprobs."""
+        logprobs_B_V = torch.log_softmax(logits_B_V, dim=-1)
+        tokens = torch.empty(len(rows), dtype=torch.long)
+        for b, row in enumerate(rows):
+            p = row.params
+            if p.temperature == 0:
+                tokens[b] = torch.argmax(logits_B_V[b])
+                continue
+            scores_V = logits_B_V[b] / p.temperature
+            if p.top_k > 0 and p.top_k < scores_V.numel():
+                kth = torch.topk(scores_V, p.top_k).values[-1]
+                scores_V = scores_V.masked_fill(scores_V < kth, float("-inf"))
+            if p.top_p < 1.0:
+                sorted_V, idx_V = torch.sort(scores_V, descending=True)
+                cum_V = torch.softmax(sorted_V, dim=-1).cumsum(-1)
+                # keep the smallest prefix whose mass reaches top_p (the first token always survives)
+                drop_V = (cum_V - torch.softmax(sorted_V, dim=-1)) >= p.top_p
+                scores_V = scores_V.scatter(0, idx_V[drop_V], float("-inf"))
+            probs_V = torch.softmax(scores_V, dim=-1)
+            tokens[b] = torch.multinomial(probs_V, 1, generator=row.generator)[0]
+        return tokens, logprobs_B_V.gather(1, tokens[:, None])[:, 0]
+
+    # ---- scoring --------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float | None]]:
+        """Each token's logprob given the tokens before it (None for the first), for several sequences."""
+        results = []
+        for seq in sequences:
+            ids = torch.tensor([seq], dtype=torch.long)
+            logits = self.model(input_ids=ids).logits[0, :-1].float()
+            lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+            results.append([None] + lp.tolist())
+        return results

@@ -1,0 +1,287 @@
+"""LoRA training of a causal LM: forward_backward with strop's losses, AdamW steps, adapter and state files.
+
+    trainer = LoraTrainer(model_dir, rank=32)
+    out = trainer.forward_backward(datums, "importance_sampling")     # gradients accumulate
+    trainer.optim_step(AdamParams(learning_rate=1e-4))                # apply and clear them
+    trainer.save_weights(path)                                        # a PEFT adapter directory
+
+Datums are packed into micro-batches of at most `max_tokens_per_batch` tokens, so a big batch never
+materialises all its B x T x V logits at once; the losses are sums, so gradients add up across micro-batches
+exactly as one big batch would give.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+from peft.utils import get_peft_model_state_dict
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
+
+from strop.engine.sampler import AdapterWeights
+from strop.errors import StropError
+from strop.rl import losses
+from strop.types import AdamParams, Datum, ForwardBackwardOutput, TensorData
+
+DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PEFT_PREFIX = "base_model.model."
+
+REQUIRED_INPUTS = {
+    "cross_entropy": ("target_tokens", "weights"),
+    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
+    "ppo": ("target_tokens", "logprobs", "advantages"),
+    "cispo": ("target_tokens", "logprobs", "advantages"),
+}
+
+
+def atomic_dir(final: Path):
+    """A temporary sibling folder to write into; `commit(tmp)` renames it over `final` in one step."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+
+
+def commit_dir(tmp: Path, final: Path) -> None:
+    final = Path(final)
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+
+
+class LoraTrainer:
+    def __init__(self, model_dir: str | Path, *, rank: int = 32, alpha: float | None = None,
+                 target_modules: list[str] | None = None, seed: int = 0,
+                 compute_dtype: torch.dtype | None = None, max_tokens_per_batch: int = 4096):
+        if rank < 1:
+            raise StropError(f"LoRA rank must be a positive integer, got {rank}")
+        self.model_dir = str(model_dir)
+        hf_logging.disable_progress_bar()
+        base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        base.config.use_cache = False
+        present = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
+        targets = target_modules or [t for t in DEFAULT_TARGETS if t in present]
+        missing = [t for t in targets if t not in present]
+        if missing:
+            raise StropError(f"LoRA target modules {missing} are not in model {self.model_dir}; it has linear layers such as "
+                             f"{sorted(n for n in present if n.endswith('proj'))[:12]}")
+        self.config = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank, target_modules=targets,
+                                 lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        # PEFT draws lora_A from the global RNG: fork it so a seed gives the same adapter and leaves callers' RNG alone
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.model = get_peft_model(base, self.config)
+        self.model.train()
+        self.compute_dtype = compute_dtype
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.optimizer: torch.optim.AdamW | None = None
+        self.steps = 0
+
+    # ---- forward / backward --------------------------------------------------------------------------
+    def forward_backward(self, datums: list[Datum], loss_fn: str = "cross_entropy",
+                         loss_fn_config: dict | None = None) -> ForwardBackwardOutput:
+        return self._run(datums, loss_fn, loss_fn_config or {}, backward=True)
+
+    def forward(self, datums: list[Datum], loss_fn: str = "cross_entropy",
+                loss_fn_config: dict | None = None) -> ForwardBackwardOutput:
+        return self._run(datums, loss_fn, loss_fn_config or {}, backward=False)
+
+    def _run(self, datums, loss_fn, config, backward) -> ForwardBackwardOutput:
+        self._check(datums, loss_fn)
+        outputs: list[dict[str, TensorData] | None] = [None] * len(datums)
+        totals = {"loss:sum": 0.0, "tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0}
+        for batch in self._micro_batches(datums):
+            grad = torch.enable_grad() if backward else torch.no_grad()
+            with grad, self._autocast():
+                loss, per_datum, stats = self._batch_loss([datums[i] for i in batch], loss_fn, config)
+            if backward:
+                loss.backward()
+            for i, out in zip(batch, per_datum):
+                outputs[i] = out
+            totals["loss:sum"] += float(loss.detach())
+            for key, value in stats.items():
+                totals[key] += value
+        return ForwardBackwardOutput(loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics=totals)
+
+    def _check(self, datums: list[Datum], loss_fn: str) -> None:
+        if loss_fn not in REQUIRED_INPUTS:
+            raise StropError(f"unknown loss_fn {loss_fn!r}; choose one of {', '.join(REQUIRED_INPUTS)}")
+        for i, datum in enumerate(datums):
+            missing = [k for k in REQUIRED_INPUTS[loss_fn] if k not in datum.loss_fn_inputs]
+            if missing:
+                raise StropError(f"datum {i}: loss_fn {loss_fn!r} needs loss_fn_inputs {list(REQUIRED_INPUTS[loss_fn])}; "
+                                 f"missing {missing}")
+            n = datum.model_input.length
+            for key in REQUIRED_INPUTS[loss_fn]:
+                got = len(datum.loss_fn_inputs[key].data)
+                if got != n:
+                    raise StropError(f"datum {i}: loss_fn_inputs[{key!r}] has {got} values but the model input has {n} "
+                                     "tokens; each loss input needs one value per input position")
+
+    def _micro_batches(self, datums: list[Datum]) -> list[list[int]]:
+        batches, current, width = [], [], 0
+        for i in sorted(range(len(datums)), key=lambda i: datums[i].model_input.length):
+            n = datums[i].model_input.length
+            if current and max(width, n) * (len(current) + 1) > self.max_tokens_per_batch:
+                batches.append(current)
+                current, width = [], 0
+            current.append(i)
+            width = max(width, n)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _autocast(self):
+        if self.compute_dtype in (None, torch.float32):
+            return nullcontext()
+        return torch.autocast("cpu", dtype=self.compute_dtype)
+
+    def _batch_loss(self, datums: list[Datum], loss_fn: str, config: dict):
+        width = max(d.model_input.length for d in datums)
+        B = len(datums)
+        input_ids = torch.zeros((B, width), dtype=torch.long)
+        mask = torch.zeros((B, width), dtype=torch.long)
+        targets = torch.zeros((B, width), dtype=torch.long)
+        for b, d in enumerate(datums):
+            n = d.model_input.length
+            input_ids[b, :n] = torch.tensor(d.model_input.to_ints(), dtype=torch.long)
+            mask[b, :n] = 1
+            targets[b, :n] = d.loss_fn_inputs["target_tokens"].to_torch().reshape(-1)
+        logits_B_T_V = self.model(input_ids=input_ids, attention_mask=mask).logits.float()
+        # log p(target) = logit[target] - logsumexp(logits): avoids a second B x T x V tensor from log_softmax
+        lse_B_T = torch.logsumexp(logits_B_T_V, dim=-1)
+        lp_B_T = logits_B_T_V.gather(-1, targets[..., None])[..., 0] - lse_B_T
+        with torch.no_grad():
+            entropy_B_T = lse_B_T - (torch.softmax(logits_B_T_V, -1) * logits_B_T_V).sum(-1)
+
+        total = torch.zeros(())
+        outputs, stats = [], {"tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0}
+        for b, d in enumerate(datums):
+            n = d.model_input.length
+            lp_T = lp_B_T[b, :n]
+            inputs = {k: v.to_torch().reshape(-1).float() for k, v in d.loss_fn_inputs.items() if k != "target_tokens"}
+            if loss_fn == "cross_entropy":
+                active_T = inputs["weights"] != 0
+                loss = losses.cross_entropy_loss(lp_T, inputs["weights"])
+            else:
+                old_T, adv_T = inputs["logprobs"], inputs["advantages"]
+                active_T = adv_T != 0
+                low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
+                if loss_fn == "importance_sampling":
+                    loss = losses.importance_sampling_loss(lp_T, old_T, adv_T)
+                elif loss_fn == "ppo":
+                    loss, clipped_T = losses.ppo_loss(lp_T, old_T, adv_T, low, high)
+                    stats["clipped:sum"] += float(clipped_T[active_T].sum())
+                else:
+                    loss = losses.cispo_loss(lp_T, old_T, adv_T, low, high)
+                stats["kl_sample_train:sum"] += float((old_T - lp_T.detach())[active_T].sum())
+            total = total + loss
+            stats["tokens:sum"] += float(active_T.sum())
+            stats["entropy:sum"] += float(entropy_B_T[b, :n][active_T].sum())
+            outputs.append({"logprobs": TensorData.from_torch(lp_T.detach()),
+                            "entropy": TensorData.from_torch(entropy_B_T[b, :n])})
+        return total, outputs, stats
+
+    # ---- optimizer -----------------------------------------------------------------------------------
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def optim_step(self, adam: AdamParams) -> dict[str, float]:
+        params = self.trainable_parameters()
+        if self.optimizer is None:
+            self.optimizer = torch.optim.AdamW(params, lr=adam.learning_rate)
+        for group in self.optimizer.param_groups:
+            group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
+                         weight_decay=adam.weight_decay)
+        grads = [p.grad for p in params if p.grad is not None]
+        grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        if adam.grad_clip_norm > 0 and grads:
+            torch.nn.utils.clip_grad_norm_(params, adam.grad_clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return {"grad_norm": grad_norm, "learning_rate": adam.learning_rate}
+
+    # ---- weights and state ---------------------------------------------------------------------------
+    def adapter_weights(self) -> AdapterWeights:
+        """A snapshot of the adapter (copies, so later steps do not change it) in the sampler's form."""
+        deltas = {}
+        for name, module in self.model.named_modules():
+            if isinstance(module, LoraLayer) and "default" in module.lora_A:
+                base_name = name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
+                deltas[base_name] = (module.lora_A["default"].weight.detach().clone(),
+                                     module.lora_B["default"].weight.detach().clone())
+        return AdapterWeights(deltas=deltas, scaling=self.config.lora_alpha / self.config.r)
+
+    def save_weights(self, path: str | Path) -> Path:
+        """Write a PEFT adapter directory (adapter_config.json + adapter_model.safetensors), atomically."""
+        path = Path(path)
+        tmp = atomic_dir(path)
+        self.model.save_pretrained(str(tmp))
+        commit_dir(tmp, path)
+        return path
+
+    def save_state(self, path: str | Path) -> Path:
+        """Adapter weights plus optimizer state and step count: everything `load_state` needs to continue."""
+        path = Path(path)
+        tmp = atomic_dir(path)
+        self.model.save_pretrained(str(tmp))
+        torch.save({"optimizer": self.optimizer.state_dict() if self.optimizer else None}, tmp / "optimizer.pt")
+        (tmp / "trainer.json").write_text(json.dumps({"steps": self.steps, "model_dir": self.model_dir,
+                                                       "rank": self.config.r, "alpha": self.config.lora_alpha}))
+        commit_dir(tmp, path)
+        return path
+
+    def load_state(self, path: str | Path, with_optimizer: bool = True) -> None:
+        path = Path(path)
+        weights = path / "adapter_model.safetensors"
+        if not weights.exists():
+            raise StropError(f"{path} holds no adapter_model.safetensors; pass a folder written by save_state or save_weights")
+        result = set_peft_model_state_dict(self.model, load_file(str(weights)))
+        if getattr(result, "unexpected_keys", None):
+            raise StropError(f"{path} does not match this model's adapter: unexpected keys {result.unexpected_keys[:3]}")
+        optimizer_file = path / "optimizer.pt"
+        if with_optimizer and optimizer_file.exists():
+            state = torch.load(optimizer_file, weights_only=False)["optimizer"]
+            if state is not None:
+                self.optimizer = torch.optim.AdamW(self.trainable_parameters())
+                self.optimizer.load_state_dict(state)
+        meta = path / "trainer.json"
+        if meta.exists():
+            self.steps = json.loads(meta.read_text())["steps"]
+
+    def lora_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+
+
+def load_adapter_weights(adapter_dir: str | Path) -> AdapterWeights:
+    """Read a PEFT LoRA adapter directory into the sampler's form."""
+    adapter_dir = Path(adapter_dir)
+    config_file, weights_file = adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors"
+    if not config_file.exists() or not weights_file.exists():
+        raise StropError(f"{adapter_dir} is not a LoRA adapter directory: it needs adapter_config.json and "
+                         "adapter_model.safetensors (as TrainingClient.save_weights writes)")
+    config = json.loads(config_file.read_text())
+    rank, alpha = config["r"], config["lora_alpha"]
+    scaling = alpha / (rank ** 0.5) if config.get("use_rslora") else alpha / rank
+    tensors = load_file(str(weights_file))
+    deltas: dict[str, list] = {}
+    for key, value in tensors.items():
+        for part, slot in ((".lora_A.weight", 0), (".lora_B.weight", 1)):
+            if key.endswith(part):
+                name = key[: -len(part)]
+                name = name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
+                deltas.setdefault(name, [None, None])[slot] = value
+    return AdapterWeights(deltas={k: (a, b) for k, (a, b) in deltas.items()}, scaling=scaling)

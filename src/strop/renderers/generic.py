@@ -1,0 +1,45 @@
+"""Renderers for models without a ChatML vocabulary.
+
+`chat_template` defers to the tokenizer's own Jinja chat template (any HF chat model); `role_colon` writes
+"User: ...\\n\\nAssistant: ..." for base models with no template at all, stopping at the next "\\n\\nUser:".
+"""
+
+from strop.renderers.base import Message, Renderer, get_text_content
+from strop.types import ModelInput
+
+
+class ChatTemplateRenderer(Renderer):
+    name = "chat_template"
+
+    def build_generation_prompt(self, messages: list[Message], role: str = "assistant",
+                                prefill: str | None = None) -> ModelInput:
+        text = self.tokenizer.apply_chat_template(
+            [{"role": m["role"], "content": get_text_content(m)} for m in messages],
+            tokenize=False, add_generation_prompt=role == "assistant")
+        return ModelInput.from_ints(self.encode(text + (prefill or "")))
+
+    def build_supervised_example(self, messages: list[Message]) -> tuple[ModelInput, list[float]]:
+        prompt = self.build_generation_prompt(messages[:-1]).to_ints()
+        full = self.encode(self.tokenizer.apply_chat_template(
+            [{"role": m["role"], "content": get_text_content(m)} for m in messages], tokenize=False))
+        return ModelInput.from_ints(full), [0.0] * len(prompt) + [1.0] * (len(full) - len(prompt))
+
+    def get_stop_sequences(self) -> list[int]:
+        eos = self.tokenizer.eos_token_id
+        return [eos] if eos is not None else []
+
+
+class RoleColonRenderer(Renderer):
+    name = "role_colon"
+
+    def render_turn(self, message: Message) -> str:
+        return f"{message['role'].capitalize()}: {get_text_content(message)}\n\n"
+
+    def generation_header(self, role: str = "assistant") -> str:
+        return f"{role.capitalize()}:"
+
+    def get_stop_sequences(self) -> list[str]:
+        return ["\n\nUser:"]
+
+    def parse_text(self, text: str) -> Message:
+        return {"role": "assistant", "content": text.strip()}

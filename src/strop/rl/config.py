@@ -1,0 +1,114 @@
+"""The settings of one GRPO run, checked as a whole before anything loads.
+
+    config = GRPOConfig(base_model="strop/tiny-random", dataset="synthetic:add", group_size=4, max_steps=3)
+
+Every field has a help string; `validate()` returns every problem at once, each naming the field and what
+would be accepted, and `__post_init__` raises them together as one StropError.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from strop.errors import StropError
+
+LOSS_FNS = ("importance_sampling", "ppo", "cispo")
+
+
+def _help(text: str, default=None, factory=None):
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class GRPOConfig:
+    base_model: str = _help("base model: a catalog id, hub id, local HF directory or strop/tiny-random",
+                            "HuggingFaceTB/SmolLM2-135M-Instruct")
+    dataset: str = _help("rows to train on: synthetic[:LEVEL], gsm8k, or a .jsonl/.json/.parquet file", "synthetic:add")
+    dataset_limit: int | None = _help("use only the first N rows (None: all)", None)
+    reward_terms: list = _help('reward terms: [{"name": ..., "weight": ..., "grader": "builtin:gsm8k" | PATH#MODULE:FUNCTION}]',
+                               factory=lambda: [{"name": "correct", "weight": 1.0, "grader": "builtin:gsm8k"}])
+    group_size: int = _help("completions sampled per prompt; GRPO compares them with each other", 8)
+    batch_size: int = _help("prompts per step", 8)
+    epochs: int = _help("passes over the dataset", 1)
+    max_steps: int | None = _help("stop after this many steps even if epochs remain (None: no limit)", None)
+    learning_rate: float = _help("AdamW learning rate for the LoRA weights", 1e-4)
+    weight_decay: float = _help("AdamW weight decay", 0.0)
+    grad_clip_norm: float = _help("clip the gradient to this global norm (0: no clipping)", 1.0)
+    lora_rank: int = _help("LoRA rank", 32)
+    lora_alpha: float | None = _help("LoRA alpha (None: equal to the rank, a scale of 1)", None)
+    temperature: float = _help("sampling temperature; logprobs are exact behaviour-policy logprobs only at 1.0", 1.0)
+    top_p: float = _help("nucleus sampling mass", 1.0)
+    max_completion_length: int = _help("most tokens per completion", 256)
+    max_seq_length: int | None = _help("refuse prompts longer than this minus max_completion_length", None)
+    kl_beta: float = _help("weight of the KL penalty to the base model (adapter off); 0 disables it", 0.0)
+    scale_by_std: bool = _help("divide group-centred advantages by the group's reward std", False)
+    loss_fn: str = _help(f"policy loss: one of {', '.join(LOSS_FNS)}", "importance_sampling")
+    loss_fn_config: dict = _help("loss options, e.g. {'clip_low_threshold': 0.8, 'clip_high_threshold': 1.2}", factory=dict)
+    system_prompt: str | None = _help("system message before each question (None: none)", None)
+    question_suffix: str = _help("text appended to each question", "")
+    renderer: str | None = _help("renderer name (None: the model's recommended one)", None)
+    save_every: int = _help("checkpoint every N steps (the last step is always saved)", 10)
+    keep_adapters: int = _help("checkpoints to keep", 4)
+    seed: int = _help("seed for data order, LoRA init and sampling", 0)
+    sampler_dtype: str = _help("dtype of the sampling engine: float32 or bfloat16", "float32")
+    compute_dtype: str = _help("autocast dtype of the training forward/backward: float32 or bfloat16", "float32")
+
+    def __post_init__(self):
+        problems = self.validate()
+        if problems:
+            raise StropError("invalid training config:\n  " + "\n  ".join(problems))
+
+    def validate(self) -> list[str]:
+        p = []
+        positive = {"group_size": 2, "batch_size": 1, "epochs": 1, "lora_rank": 1, "max_completion_length": 1,
+                    "save_every": 1, "keep_adapters": 1}
+        for name, least in positive.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                why = " (GRPO needs at least two samples to compare)" if name == "group_size" else ""
+                p.append(f"{name}: must be an integer >= {least}, got {value!r}{why}")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            p.append(f"max_steps: must be a positive integer or None, got {self.max_steps!r}")
+        if self.dataset_limit is not None and (not isinstance(self.dataset_limit, int) or self.dataset_limit < 1):
+            p.append(f"dataset_limit: must be a positive integer or None, got {self.dataset_limit!r}")
+        if not (isinstance(self.learning_rate, (int, float)) and 0 < self.learning_rate < 1):
+            p.append(f"learning_rate: must be in (0, 1), got {self.learning_rate!r}")
+        if self.temperature <= 0:
+            p.append(f"temperature: must be > 0 for GRPO (greedy samples are all alike), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            p.append(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.kl_beta < 0:
+            p.append(f"kl_beta: must be >= 0, got {self.kl_beta}")
+        if self.loss_fn not in LOSS_FNS:
+            p.append(f"loss_fn: must be one of {', '.join(LOSS_FNS)}, got {self.loss_fn!r}")
+        for name in ("sampler_dtype", "compute_dtype"):
+            if getattr(self, name) not in ("float32", "bfloat16"):
+                p.append(f"{name}: must be float32 or bfloat16, got {getattr(self, name)!r}")
+        if self.max_seq_length is not None and self.max_seq_length <= self.max_completion_length:
+            p.append(f"max_seq_length ({self.max_seq_length}) must exceed max_completion_length "
+                     f"({self.max_completion_length}) to leave room for the prompt")
+        if not isinstance(self.reward_terms, list) or not self.reward_terms:
+            p.append("reward_terms: give at least one term, e.g. [{'name': 'correct', 'weight': 1.0, 'grader': 'builtin:gsm8k'}]")
+        return p
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GRPOConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise StropError(f"unknown training config fields {unknown}; known fields: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        return {f.name: f.metadata.get("help", "") for f in fields(cls)}

@@ -1,0 +1,255 @@
+"""The GRPO loop, top to bottom: sample -> score -> centre -> build datums -> step.
+
+    from strop.rl import GRPOConfig, run_grpo
+    result = run_grpo(GRPOConfig(base_model="strop/tiny-random", dataset="synthetic:add", max_steps=2), "runs/demo")
+
+Each step takes `batch_size` rows, samples `group_size` completions per prompt from the current weights,
+scores them with the weighted reward terms, and gives each completion the advantage (reward - group mean).
+Groups whose completions all scored the same carry no signal and are skipped. The surviving completions
+become datums for `forward_backward` (only completion tokens carry advantages), then `optim_step`.
+
+A run folder holds config.json, metrics.jsonl, rollouts.jsonl, events/ (TensorBoard), checkpoints/ and
+final/ (the tuned adapter). Calling run_grpo again on the same folder resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from strop import types
+from strop.client import ServiceClient
+from strop.data import Row, load_rows
+from strop.errors import StropError
+from strop.renderers import get_renderer, get_text_content
+from strop.rl import checkpoints
+from strop.rl.config import GRPOConfig
+from strop.rl.losses import group_advantages, is_zero_variance
+from strop.rl.metrics import RunLog, read_jsonl
+from strop.scoring import score_terms, terms_from_spec
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion with its scores."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    text: str
+    stop_reason: str
+    term_scores: dict[str, float]
+    reward: float
+    errors: list[str]
+
+
+@dataclass(frozen=True)
+class Group:
+    """The completions of one prompt."""
+
+    row: Row
+    prompt: types.ModelInput
+    completions: list[Completion]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    steps: int
+    final_adapter: Path
+    metrics: list[dict]
+
+
+def build_prompt(renderer, row: Row, config: GRPOConfig) -> types.ModelInput:
+    messages = [{"role": "system", "content": config.system_prompt}] if config.system_prompt else []
+    messages.append({"role": "user", "content": row.question + config.question_suffix})
+    return renderer.build_generation_prompt(messages)
+
+
+def step_batches(n_rows: int, config: GRPOConfig) -> list[list[int]]:
+    """Row indices for every step: each epoch a fresh seeded shuffle, cut into batches (the last may be short)."""
+    batches = []
+    for epoch in range(config.epochs):
+        order = list(range(n_rows))
+        random.Random(config.seed * 1000 + epoch).shuffle(order)
+        batches.extend(order[i:i + config.batch_size] for i in range(0, n_rows, config.batch_size))
+    return batches[: config.max_steps] if config.max_steps else batches
+
+
+def score_group(renderer, terms, row: Row, prompt, sequences) -> Group:
+    completions = []
+    for seq in sequences:
+        message, _ = renderer.parse_response(seq.tokens)
+        text = get_text_content(message)
+        scored = score_terms(terms, text, row)
+        completions.append(Completion(tokens=list(seq.tokens), logprobs=list(seq.logprobs), text=text,
+                                      stop_reason=seq.stop_reason, term_scores=scored.scores,
+                                      reward=scored.total, errors=list(scored.errors)))
+    return Group(row=row, prompt=prompt, completions=completions)
+
+
+def group_datums(group: Group, advantages_G: torch.Tensor, kl_G: list[list[float]] | None, kl_beta: float) -> list[types.Datum]:
+    """Datums in the seed's layout: input = prompt + completion[:-1], targets shifted by one, advantages on
+    completion positions only. With a KL penalty each token's advantage loses beta * (log p - log p_base)."""
+    datums = []
+    ob_len = group.prompt.length - 1
+    for g, completion in enumerate(group.completions):
+        toks = completion.tokens
+        model_input = group.prompt.append(types.EncodedTextChunk(tokens=toks[:-1]))
+        adv_T = [float(advantages_G[g])] * len(toks)
+        if kl_G is not None:
+            adv_T = [a - kl_beta * k for a, k in zip(adv_T, kl_G[g])]
+        datums.append(types.Datum(model_input=model_input, loss_fn_inputs={
+            "target_tokens": types.TensorData.from_torch(torch.tensor([0] * ob_len + toks)),
+            "logprobs": types.TensorData.from_torch(torch.tensor([0.0] * ob_len + completion.logprobs)),
+            "advantages": types.TensorData.from_torch(torch.tensor([0.0] * ob_len + adv_T)),
+        }))
+    return datums
+
+
+def base_kl(base_sampler, group: Group) -> list[list[float]]:
+    """Per-token log p_sampler - log p_base for each completion (p_base: the model with the adapter off)."""
+    out = []
+    for completion in group.completions:
+        full = group.prompt.append(types.EncodedTextChunk(tokens=completion.tokens))
+        base_lp = base_sampler.compute_logprobs(full).result()[group.prompt.length:]
+        out.append([lp - b for lp, b in zip(completion.logprobs, base_lp)])
+    return out
+
+
+def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient | None = None,
+             progress: bool = True, rows: list[Row] | None = None) -> RunResult:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = rows if rows is not None else load_rows(config.dataset, split="train", limit=config.dataset_limit,
+                                                   seed=config.seed)
+    if not rows:
+        raise StropError(f"dataset {config.dataset!r} has no rows to train on")
+    terms = terms_from_spec(config.reward_terms)
+    weights = {t.name: t.weight for t in terms}
+    service = service or ServiceClient(sampler_dtype=config.sampler_dtype)
+    training = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
+                                                   alpha=config.lora_alpha, seed=config.seed,
+                                                   compute_dtype=config.compute_dtype)
+    tokenizer = training.get_tokenizer()
+    from strop import model_info
+    renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model), tokenizer)
+    base_sampler = service.create_sampling_client(base_model=config.base_model) if config.kl_beta > 0 else None
+    adam = types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
+                            weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
+
+    start_step = 0
+    found = checkpoints.latest(run_dir)
+    if found:
+        start_step, path = found
+        training.load_state(str(path)).result()
+    config.save(run_dir / "config.json")
+    batches = step_batches(len(rows), config)
+    log = RunLog(run_dir, start_step=start_step)
+    bar = _progress(len(batches), start_step, progress)
+    try:
+        for step in range(start_step, len(batches)):
+            row_ = _train_step(step, [rows[i] for i in batches[step]], config, training, renderer, terms, weights,
+                               base_sampler, adam, log, step // max(1, math.ceil(len(rows) / config.batch_size)))
+            log.write_step(row_)
+            if bar is not None:
+                bar.set_postfix(reward=f"{row_['reward']:.3f}", zvg=f"{row_['zeroVarianceGroups']:.2f}",
+                                len=f"{row_['completionLength']:.0f}", s=f"{row_['stepSeconds']:.1f}")
+                bar.update(1)
+            if (step + 1) % config.save_every == 0 or step + 1 == len(batches):
+                checkpoints.save(training, run_dir, step + 1, config.keep_adapters)
+    finally:
+        log.close()
+        if bar is not None:
+            bar.close()
+    final = Path(training.save_weights(str(run_dir / "final")).result().path)
+    return RunResult(run_dir=run_dir, steps=len(batches), final_adapter=final,
+                     metrics=read_jsonl(run_dir / "metrics.jsonl"))
+
+
+def _progress(total: int, start: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, initial=start, desc="GRPO", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+
+def _train_step(step, batch_rows, config, training, renderer, terms, weights, base_sampler, adam, log, epoch) -> dict:
+    t0 = time.perf_counter()
+    sampler = training.save_weights_and_get_sampling_client()
+    prompts = [build_prompt(renderer, row, config) for row in batch_rows]
+    if config.max_seq_length:
+        limit = config.max_seq_length - config.max_completion_length
+        too_long = [p.length for p in prompts if p.length > limit]
+        if too_long:
+            raise StropError(f"a prompt has {max(too_long)} tokens, over max_seq_length - max_completion_length = {limit}; "
+                             "raise max_seq_length or shorten the system prompt")
+    futures = []
+    for i, prompt in enumerate(prompts):
+        params = types.SamplingParams(max_tokens=config.max_completion_length, temperature=config.temperature,
+                                      top_p=config.top_p, stop=renderer.get_stop_sequences(),
+                                      seed=config.seed * 1_000_003 + step * 1_009 + i)
+        futures.append(sampler.sample(prompt=prompt, num_samples=config.group_size, sampling_params=params))
+    responses = [f.result() for f in futures]
+    sample_seconds = time.perf_counter() - t0
+
+    groups = [score_group(renderer, terms, row, prompt, response.sequences)
+              for row, prompt, response in zip(batch_rows, prompts, responses)]
+    datums, zero_var, kl_values, rollouts = [], 0, [], []
+    for g_index, group in enumerate(groups):
+        rewards_G = torch.tensor([c.reward for c in group.completions])
+        advantages_G = group_advantages(rewards_G, scale_by_std=config.scale_by_std)
+        kl_G = base_kl(base_sampler, group) if base_sampler is not None else None
+        if kl_G is not None:
+            kl_values.extend(v for seq in kl_G for v in seq)
+        for c, adv in zip(group.completions, advantages_G.tolist()):
+            rollouts.append({"step": step, "group": g_index, "question": group.row.question, "gold": group.row.gold,
+                             "completion": c.text, "reward": c.reward, "advantage": adv, "scores": c.term_scores,
+                             "tokens": len(c.tokens), "stop_reason": c.stop_reason, "errors": c.errors})
+        if is_zero_variance(rewards_G):
+            zero_var += 1
+            continue
+        datums.extend(group_datums(group, advantages_G, kl_G, config.kl_beta))
+
+    t1 = time.perf_counter()
+    fb_metrics, optim_metrics = {}, {}
+    if datums:
+        fb_metrics = training.forward_backward(datums, loss_fn=config.loss_fn,
+                                               loss_fn_config=config.loss_fn_config).result().metrics
+        optim_metrics = training.optim_step(adam).result().metrics
+    train_seconds = time.perf_counter() - t1
+
+    completions = [c for g in groups for c in g.completions]
+    rewards = [c.reward for c in completions]
+    n_tokens = sum(len(c.tokens) for c in completions)
+    trained_tokens = fb_metrics.get("tokens:sum", 0.0)
+    row = {
+        "step": step, "epoch": epoch,
+        "reward": statistics.fmean(rewards),
+        "rewardStd": statistics.pstdev(rewards),
+        **{f"reward/{name}": weights[name] * statistics.fmean(c.term_scores.get(name, 0.0) for c in completions)
+           for name in weights},
+        "zeroVarianceGroups": zero_var / len(groups),
+        "rewardErrors": sum(len(c.errors) for c in completions),
+        "klSampleTrain": fb_metrics["kl_sample_train:sum"] / trained_tokens if trained_tokens else 0.0,
+        "entropy": fb_metrics["entropy:sum"] / trained_tokens if trained_tokens else None,
+        "completionLength": n_tokens / len(completions),
+        "clippedFraction": sum(c.stop_reason == "length" for c in completions) / len(completions),
+        "tokensPerSecond": n_tokens / sample_seconds if sample_seconds > 0 else 0.0,
+        "stepSeconds": time.perf_counter() - t0,
+        "sampleSeconds": sample_seconds, "trainSeconds": train_seconds,
+        "datums": len(datums), "loss": fb_metrics.get("loss:sum", 0.0),
+        "gradNorm": optim_metrics.get("grad_norm", 0.0), "learningRate": config.learning_rate,
+    }
+    if config.loss_fn == "ppo" and trained_tokens:
+        row["ppoClippedFraction"] = fb_metrics["clipped:sum"] / trained_tokens
+    if kl_values:
+        row["klBase"] = statistics.fmean(kl_values)
+    log.write_rollouts(rollouts)
+    return row

@@ -1,0 +1,91 @@
+"""Advantages and losses against values worked out by hand (the numbers in comments are the working)."""
+
+import math
+
+import pytest
+import torch
+
+from strop.rl import losses
+
+
+def leaf(values):
+    return torch.tensor(values, dtype=torch.float64, requires_grad=True)
+
+
+def test_group_advantages_centre_without_scaling():
+    adv = losses.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    assert adv.tolist() == [0.5, -0.5, -0.5, 0.5]  # mean 0.5
+
+
+def test_group_advantages_scaled_by_population_std():
+    adv = losses.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), scale_by_std=True, eps=0.0)
+    assert adv.tolist() == [1.0, -1.0, -1.0, 1.0]  # std of {1,0,0,1} is 0.5
+    adv = losses.group_advantages(torch.tensor([3.0, 1.0]), scale_by_std=True, eps=0.0)
+    assert adv.tolist() == [1.0, -1.0]  # mean 2, std 1
+
+
+def test_zero_variance_groups():
+    assert losses.is_zero_variance(torch.tensor([0.1, 0.1, 0.1]))
+    assert not losses.is_zero_variance(torch.tensor([0.1, 1.1, 0.1]))
+    assert losses.group_advantages(torch.tensor([0.7, 0.7])).tolist() == [0.0, 0.0]
+
+
+def test_cross_entropy_value_and_gradient():
+    lp = leaf([math.log(0.5), math.log(0.25)])
+    loss = losses.cross_entropy_loss(lp, torch.tensor([1.0, 0.0], dtype=torch.float64))
+    assert loss.item() == pytest.approx(math.log(2))  # -(log 0.5) ; the second token has weight 0
+    loss.backward()
+    assert lp.grad.tolist() == [-1.0, 0.0]
+
+
+def test_importance_sampling_value_and_gradient():
+    # p = (0.5, 0.25), q = (0.25, 0.25): ratios (2, 1); advantages (1, -2)
+    lp = leaf([math.log(0.5), math.log(0.25)])
+    old = torch.tensor([math.log(0.25), math.log(0.25)], dtype=torch.float64)
+    loss = losses.importance_sampling_loss(lp, old, torch.tensor([1.0, -2.0], dtype=torch.float64))
+    assert loss.item() == pytest.approx(0.0)  # -(2*1 + 1*(-2))
+    loss.backward()
+    # d/dlp of -exp(lp - old) * A = -ratio * A
+    assert lp.grad.tolist() == pytest.approx([-2.0, 2.0])
+
+
+def test_importance_sampling_on_policy_is_plain_policy_gradient():
+    lp = leaf([-1.0, -2.0, -0.5])
+    adv = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    losses.importance_sampling_loss(lp, lp.detach(), adv).backward()
+    assert lp.grad.tolist() == pytest.approx([-0.5, 1.0, -2.0])  # ratio 1 everywhere: grad = -A
+
+
+def test_ppo_clips_only_where_the_clip_binds():
+    # ratios (2, 1, 0.5, 0.5) with advantages (1, -2, -1, 1), clip [0.8, 1.2]
+    #  t0: min(2*1, 1.2*1) = 1.2 (clipped: no gradient)
+    #  t1: ratio 1 inside the range: -2, gradient -r*A = 2
+    #  t2: min(0.5*-1, 0.8*-1) = -0.8 (clipped: no gradient)
+    #  t3: min(0.5*1, 0.8*1) = 0.5 (unclipped: gradient -0.5)
+    q = math.log(0.2)
+    lp = leaf([math.log(0.4), q, math.log(0.1), math.log(0.1)])
+    old = torch.full((4,), q, dtype=torch.float64)
+    adv = torch.tensor([1.0, -2.0, -1.0, 1.0], dtype=torch.float64)
+    loss, clipped = losses.ppo_loss(lp, old, adv, 0.8, 1.2)
+    assert loss.item() == pytest.approx(-(1.2 - 2.0 - 0.8 + 0.5))
+    assert clipped.tolist() == [True, False, True, False]
+    loss.backward()
+    assert lp.grad.tolist() == pytest.approx([0.0, 2.0, 0.0, -0.5])
+
+
+def test_cispo_keeps_gradient_through_clipped_weights():
+    # ratios (2, 1): weights clip to (1.2, 1.0) and are constants; grad = -w * A
+    lp = leaf([math.log(0.5), math.log(0.25)])
+    old = torch.tensor([math.log(0.25), math.log(0.25)], dtype=torch.float64)
+    adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    loss = losses.cispo_loss(lp, old, adv, 0.8, 1.2)
+    assert loss.item() == pytest.approx(-(1.2 * 1 * math.log(0.5) + 1.0 * -2 * math.log(0.25)))
+    loss.backward()
+    assert lp.grad.tolist() == pytest.approx([-1.2, 2.0])
+
+
+def test_kl_estimates():
+    old = torch.tensor([-1.0, -2.0])
+    lp = torch.tensor([-1.5, -1.0])
+    assert losses.kl_sample_train(old, lp).item() == pytest.approx(((-1 + 1.5) + (-2 + 1)) / 2)
+    assert losses.kl_penalty(lp, torch.tensor([-1.0, -1.0])).tolist() == [-0.5, 0.0]
