@@ -10,18 +10,22 @@ Tinker-style primitives, so a loop written for Tinker runs with its imports chan
     sampler = training.save_weights_and_get_sampling_client(name="step-0")
 """
 
-from strop import types
-from strop.client import APIFuture, SamplingClient, ServiceClient, TrainingClient
+import importlib
+
 from strop.errors import StropError
 
 __version__ = "0.1.0"
 
-__all__ = ["APIFuture", "SamplingClient", "ServiceClient", "StropError", "TrainingClient", "types", "__version__"]
+_CLIENT_NAMES = ("APIFuture", "SamplingClient", "ServiceClient", "TrainingClient")
+_SUBMODULES = ("types", "model_info", "renderers", "tokenizer_utils", "scoring", "data", "rl", "models", "engine")
+
+__all__ = [*_CLIENT_NAMES, "StropError", "types", "__version__"]
 
 
 def __getattr__(name):
-    # `from strop import model_info, renderers` as tinker_cookbook users write it; loaded on first use
-    if name in ("model_info", "renderers", "tokenizer_utils", "scoring", "data", "rl", "models"):
-        import importlib
+    # loaded on first use: `import strop.data` must not pay for torch, transformers and peft
+    if name in _CLIENT_NAMES:
+        return getattr(importlib.import_module("strop.client"), name)
+    if name in _SUBMODULES:
         return importlib.import_module(f"strop.{name}")
     raise AttributeError(f"module 'strop' has no attribute {name!r}")

@@ -1,0 +1,259 @@
+"""Rows: the question/answer pairs a run trains and evaluates on, from any source.
+
+A `Row` holds a question, an answer in GSM8K's form (worked reasoning, then `#### N`) and any other fields of
+the source in `extra`. `load_rows` reads one of
+
+    synthetic            generated arithmetic, level 'add' (see `strop.data.synthetic.LEVELS`)
+    synthetic:LEVEL      generated problems of that level, e.g. 'synthetic:word-2'
+    gsm8k | openai/gsm8k GSM8K from the Hugging Face hub (cached after the first download)
+    PATH                 a local .jsonl (one object per line), .json (a list of objects) or .parquet file
+
+    >>> from strop.data import load_rows
+    >>> rows = load_rows("synthetic:mul", limit=3, seed=1)
+    >>> rows[0].question, rows[0].gold      # e.g. ('Compute 6 * 7.', '42')
+
+Every row of a file is checked before anything is returned, and up to `MAX_REPORTED` problems are reported in
+one error, each with its line number, so a bad file is fixed in one pass rather than one error at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from strop.errors import DatasetError
+
+MAX_REPORTED = 10
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+DEFAULT_SYNTHETIC_COUNT = {"train": 2000, "test": 500}
+GSM8K_NAMES = ("gsm8k", "openai/gsm8k")
+REQUIRED = ("question", "answer")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One problem. `answer` is the reference solution; `gold` is the final answer a grader compares with."""
+
+    question: str
+    answer: str
+    # Excluded from hashing so a Row stays hashable although a dict is not.
+    extra: dict = field(default_factory=dict, hash=False)
+
+    @property
+    def gold(self) -> str:
+        """The text after the last `####` (the whole answer when there is none), stripped, commas removed."""
+        _, marker, tail = self.answer.rpartition("####")
+        return (tail if marker else self.answer).strip().replace(",", "")
+
+
+def load_rows(
+    source: str,
+    *,
+    split: str = "train",
+    limit: int | None = None,
+    seed: int = 0,
+    fields: dict[str, str] | None = None,
+) -> list[Row]:
+    """Rows from `source` (see the module docstring); at most `limit` of them, in source order.
+
+    `split` picks GSM8K's or the synthetic generator's train/test split; a local file is its own split.
+    `seed` drives the synthetic generator only. `fields` maps a row field to the source's column name when they
+    differ, e.g. `{"question": "problem", "answer": "solution"}`.
+    """
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise DatasetError(f"limit must be a whole number >= 1 (or None for all rows), got {limit!r}.")
+    columns = _column_map(fields)
+    src = str(source).strip()
+
+    if src == "synthetic" or src.startswith("synthetic:"):
+        from strop.data.synthetic import DEFAULT_LEVEL, generate  # late: synthetic imports Row from here
+
+        level = src.partition(":")[2].strip() or DEFAULT_LEVEL
+        if split not in DEFAULT_SYNTHETIC_COUNT:
+            raise DatasetError(f"synthetic data has splits 'train' and 'test', got split={split!r}.")
+        return generate(level, limit or DEFAULT_SYNTHETIC_COUNT[split], seed, split=split)
+
+    if src.lower() in GSM8K_NAMES:
+        from strop.data.gsm8k import fetch_split
+
+        path = fetch_split(split)
+        rows = _rows_from_records(_read_parquet(path), columns, where=f"GSM8K {split} split ({path})")
+        return rows[:limit] if limit else rows
+
+    path = Path(src).expanduser()
+    if path.suffix.lower() not in FILE_SUFFIXES and not path.exists():
+        raise DatasetError(
+            f"unknown dataset {src!r}: pass 'synthetic', 'synthetic:LEVEL', 'gsm8k', or a path to a "
+            f".jsonl, .json or .parquet file (e.g. --dataset data/test.jsonl)."
+        )
+    rows = _rows_from_records(read_records(path), columns, where=str(path))
+    return rows[:limit] if limit else rows
+
+
+def read_records(path: Path) -> list[tuple[str, Any]]:
+    """The raw records of a local file as (location, value) pairs; location is e.g. 'line 3' or 'row 3'."""
+    if not path.exists():
+        raise DatasetError(f"dataset file {path} does not exist: check the path "
+                           f"(relative paths start in {Path.cwd()}).")
+    if path.is_dir():
+        raise DatasetError(f"dataset {path} is a directory: pass a .jsonl, .json or .parquet file inside it.")
+    suffix = path.suffix.lower()
+    if suffix not in FILE_SUFFIXES:
+        raise DatasetError(f"dataset file {path} has suffix {suffix!r}: rename it or convert it to .jsonl, .json "
+                           f"or .parquet.")
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    text = _read_text(path)
+    if not text.strip():
+        raise DatasetError(f"dataset file {path} is empty: it needs at least one row with 'question' and 'answer'.")
+    return _read_jsonl(path, text) if suffix == ".jsonl" else _read_json(path, text)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DatasetError(f"cannot read dataset file {path}: {e.strerror or e}. Check its permissions.") from None
+    try:
+        # utf-8-sig so a file saved by an editor that adds a byte-order mark still reads.
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DatasetError(
+            f"dataset file {path} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}, column {column} "
+            f"(byte offset {e.start}). Re-save the file as UTF-8."
+        ) from None
+
+
+def _read_jsonl(path: Path, text: str) -> list[tuple[str, Any]]:
+    records, errors = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((f"line {number}", json.loads(line)))
+        except json.JSONDecodeError as e:
+            errors.append(f"line {number}: invalid JSON ({e.msg} at column {e.colno})")
+    if errors:
+        raise DatasetError(_summary(path, errors, "Each line must be one JSON object, e.g. "
+                                    '{"question": "...", "answer": "... #### 42"}.'))
+    return records
+
+
+def _read_json(path: Path, text: str) -> list[tuple[str, Any]]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        hint = " If it holds one object per line, name it .jsonl." if e.msg == "Extra data" else ""
+        raise DatasetError(
+            f"dataset file {path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}.{hint}"
+        ) from None
+    if not isinstance(value, list):
+        raise DatasetError(
+            f"dataset file {path} holds a JSON {type(value).__name__}; a .json dataset must be a list of objects "
+            f'like [{{"question": "...", "answer": "... #### 42"}}].'
+        )
+    if not value:
+        raise DatasetError(f"dataset file {path} is an empty list: it needs at least one row.")
+    lines = _item_lines(text, len(value))
+    return [(f"line {line} (item {i + 1})" if line else f"item {i + 1}", item)
+            for i, (item, line) in enumerate(zip(value, lines))]
+
+
+def _item_lines(text: str, count: int) -> list[int | None]:
+    """The line each top-level list item starts on, so errors in a .json file can point at a line."""
+    decoder = json.JSONDecoder()
+    lines: list[int | None] = []
+    pos = text.index("[") + 1
+    try:
+        while len(lines) < count:
+            while text[pos] in " \t\r\n,":
+                pos += 1
+            lines.append(text.count("\n", 0, pos) + 1)
+            _, pos = decoder.raw_decode(text, pos)
+    except (ValueError, IndexError):
+        return [None] * count
+    return lines
+
+
+def _read_parquet(path: Path) -> list[tuple[str, Any]]:
+    if not path.exists():
+        raise DatasetError(f"dataset file {path} does not exist: check the path.")
+    try:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+    except ImportError:
+        raise DatasetError(f"reading {path} needs pyarrow: `pip install pyarrow`, or convert the file to "
+                           f".jsonl.") from None
+    except Exception as e:  # pyarrow raises several unrelated types for a damaged file
+        raise DatasetError(f"dataset file {path} is not a readable parquet file: {e}. Re-export it, or use "
+                           f".jsonl.") from None
+    if table.num_rows == 0:
+        raise DatasetError(f"dataset file {path} has no rows: it needs at least one row with 'question' and 'answer'.")
+    return [(f"row {i + 1}", record) for i, record in enumerate(table.to_pylist())]
+
+
+def _column_map(fields: dict[str, str] | None) -> dict[str, str]:
+    columns = {name: name for name in REQUIRED}
+    if fields is None:
+        return columns
+    if not isinstance(fields, dict):
+        raise DatasetError(f"fields must be a dict like {{'question': 'problem'}}, got {type(fields).__name__}.")
+    for key, column in fields.items():
+        if key not in REQUIRED:
+            raise DatasetError(f"fields maps {key!r}, but only {', '.join(REQUIRED)} can be mapped: "
+                               f"other columns are kept in Row.extra as they are.")
+        if not isinstance(column, str) or not column:
+            raise DatasetError(f"fields[{key!r}] must be a column name (a non-empty string), got {column!r}.")
+        columns[key] = column
+    return columns
+
+
+def _rows_from_records(records: Iterable[tuple[str, Any]], columns: dict[str, str], *, where: str) -> list[Row]:
+    rows, errors = [], []
+    for location, record in records:
+        if not isinstance(record, dict):
+            errors.append(f"{location}: expected a JSON object with 'question' and 'answer', "
+                          f"got {_kind(record)}")
+            continue
+        values, ok = {}, True
+        for name, column in columns.items():
+            shown = repr(column) if column == name else f"{column!r} (mapped to {name})"
+            if column not in record:
+                have = ", ".join(repr(k) for k in record) or "no fields"
+                errors.append(f"{location}: missing field {shown}; the row has {have}")
+                ok = False
+            elif not isinstance(record[column], str):
+                errors.append(f"{location}: field {shown} is {_kind(record[column])}, expected a string "
+                              f"(quote the value)")
+                ok = False
+            else:
+                values[name] = record[column]
+        if ok:
+            extra = {k: v for k, v in record.items() if k not in columns.values()}
+            rows.append(Row(question=values["question"], answer=values["answer"], extra=extra))
+    if errors:
+        raise DatasetError(_summary(where, errors, "Every row needs string fields 'question' and 'answer' (the "
+                                    "answer ending in '#### N'); if your columns have other names, pass a "
+                                    "field mapping such as fields={'question': 'problem', 'answer': 'solution'}."))
+    if not rows:
+        raise DatasetError(f"dataset {where} has no rows: it needs at least one row with 'question' and 'answer'.")
+    return rows
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number",
+            str: "a string"}.get(type(value), type(value).__name__)
+
+
+def _summary(where: Any, errors: list[str], fix: str) -> str:
+    shown = errors[:MAX_REPORTED]
+    more = f"\n  ... and {len(errors) - len(shown)} more" if len(errors) > len(shown) else ""
+    plural = "problem" if len(errors) == 1 else "problems"
+    return f"dataset {where}: {len(errors)} {plural}:\n  " + "\n  ".join(shown) + more + f"\n{fix}"

@@ -1,0 +1,234 @@
+"""Graders by reference: built-in ones by name, your own from a directory of Python files (a "bundle").
+
+A grader is any function called as `fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...)`
+that returns a number (usually 0.0 to 1.0). References:
+
+    builtin:gsm8k                  the GSM8K answer grader (`strop.scoring.gsm8k.compute_score`)
+    builtin:gsm8k-format           1.0 when the completion marks an answer (`format_score`)
+    PATH                           bundle directory; module `reward`, function `compute_score`
+    PATH#MODULE                    that module's `compute_score`
+    PATH#MODULE:FUNCTION           e.g. `./scoring#reward:compute_score`
+
+    >>> from strop.scoring import load_grader
+    >>> grade = load_grader("./scoring#reward:compute_score")
+    >>> grade(data_source=None, solution_str="#### 4", ground_truth="4", extra_info={})
+
+A bundle's module is imported from its directory under a private module name, with the directory on `sys.path`
+while it imports, so it can import sibling files (`from helpers import parse`). Those siblings are then dropped
+from `sys.modules` so two bundles that both have a `helpers.py` do not see each other's; import them at module
+top level, not inside the function.
+
+`check_bundle(path, module, function)` runs the same checks in a fresh interpreter and returns the error text (or
+None), so a service can vet an uploaded bundle without importing it into its own process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import itertools
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from strop.errors import BundleError
+from strop.scoring import gsm8k
+
+DEFAULT_MODULE = "reward"
+DEFAULT_FUNCTION = "compute_score"
+GRADER_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+EXPECTED_SIGNATURE = f"{DEFAULT_FUNCTION}(data_source, solution_str, ground_truth, extra_info=None)"
+BUILTINS: dict[str, Callable[..., float]] = {
+    "gsm8k": gsm8k.compute_score,
+    "gsm8k-format": gsm8k.format_score,
+}
+TRACEBACK_LINES = 8
+
+_counter = itertools.count()
+
+
+def load_grader(ref: str) -> Callable[..., float]:
+    """The grader that `ref` names (see the module docstring); raises BundleError saying what to fix."""
+    ref = str(ref).strip()
+    if not ref:
+        raise BundleError("grader reference is empty: pass 'builtin:gsm8k' or a bundle like "
+                          "'./scoring#reward:compute_score'.")
+    if ref.startswith("builtin:"):
+        name = ref[len("builtin:"):]
+        if name not in BUILTINS:
+            known = ", ".join(f"builtin:{n}" for n in BUILTINS)
+            raise BundleError(f"unknown built-in grader {ref!r}: choose one of {known}.")
+        return BUILTINS[name]
+    if ref.startswith("bundle:"):
+        rest = ref[len("bundle:"):]
+        directory, _, _ = split_ref(rest)
+        if not Path(directory).expanduser().is_dir():
+            raise BundleError(
+                f"grader {ref!r} names a registry bundle, and registry bundles need the control plane, which this "
+                f"command does not use: pass the bundle's directory instead, e.g. './scoring#reward:compute_score'."
+            )
+        ref = rest
+    directory, module, function = split_ref(ref)
+    return load_bundle(directory, module, function)
+
+
+def split_ref(ref: str) -> tuple[str, str, str]:
+    """'PATH#MODULE:FUNCTION' -> (PATH, MODULE, FUNCTION), filling in the defaults for omitted parts."""
+    # A directory whose name holds '#' is still a plain PATH.
+    if "#" not in ref or Path(ref).expanduser().is_dir():
+        return ref, DEFAULT_MODULE, DEFAULT_FUNCTION
+    directory, _, target = ref.rpartition("#")
+    module, _, function = target.partition(":")
+    return directory, module.strip() or DEFAULT_MODULE, function.strip() or DEFAULT_FUNCTION
+
+
+def load_bundle(
+    directory: str | Path, module: str = DEFAULT_MODULE, function: str = DEFAULT_FUNCTION
+) -> Callable[..., float]:
+    """Import `module` from bundle `directory` and return its checked grader `function`."""
+    where = f"{directory}#{module}:{function}"
+    root = Path(directory).expanduser()
+    if not root.exists():
+        raise BundleError(f"scoring bundle directory {str(directory)!r} does not exist (in {where!r}): pass a "
+                          f"directory holding {DEFAULT_MODULE}.py, e.g. './scoring#reward:compute_score'.")
+    if not root.is_dir():
+        hint = f" Did you mean '{root.parent}#{root.stem}'?" if root.suffix == ".py" else ""
+        raise BundleError(f"scoring bundle {str(directory)!r} is a file, not a directory: pass the directory that "
+                          f"holds the module and name the module after '#'.{hint}")
+    root = root.resolve()
+    if not all(part.isidentifier() for part in module.split(".")):
+        raise BundleError(f"scoring bundle module {module!r} (in {where!r}) is not a Python module name: name the .py "
+                          f"file without its suffix, e.g. '#reward' for reward.py.")
+    file = root.joinpath(*module.split(".")).with_suffix(".py")
+    if not file.is_file():
+        have = sorted(str(p.relative_to(root)) for p in root.rglob("*.py"))
+        listing = ", ".join(have[:20]) if have else "no .py files"
+        raise BundleError(f"scoring bundle {str(directory)!r} has no module {module!r} ({file.name} not found; the "
+                          f"directory has {listing}): name one of those after '#', e.g. '{directory}#NAME:{function}'.")
+
+    mod = _import(file, root, where)
+    if not hasattr(mod, function):
+        defined = sorted(n for n, v in vars(mod).items()
+                         if inspect.isfunction(v) and v.__module__ == mod.__name__ and not n.startswith("_"))
+        listing = ", ".join(defined) if defined else "no public functions"
+        raise BundleError(f"module {module!r} in scoring bundle {str(directory)!r} has no function {function!r} (it "
+                          f"defines {listing}): name the grader after ':', e.g. '{directory}#{module}:NAME'.")
+    fn = getattr(mod, function)
+    if not callable(fn):
+        raise BundleError(f"{function!r} in {file} is a {type(fn).__name__}, not a function: define "
+                          f"`def {EXPECTED_SIGNATURE}:` returning a number.")
+    problem = signature_problem(fn)
+    if problem:
+        raise BundleError(f"grader {function!r} in {file} has the wrong signature: {problem}. Define "
+                          f"`def {EXPECTED_SIGNATURE}:` (or accept **kwargs).")
+    return fn
+
+
+def signature_problem(fn: Callable) -> str | None:
+    """Why `fn` cannot be called with the four grader keyword arguments, or None if it can."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None  # builtins without introspectable signatures: let the call itself decide
+    try:
+        sig.bind(**{name: None for name in GRADER_ARGS})
+    except TypeError as e:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        return f"found {name}{sig}, expected {EXPECTED_SIGNATURE} ({e})"
+    return None
+
+
+def _import(file: Path, root: Path, where: str):
+    unique = f"strop_bundle_{next(_counter)}_{file.stem}"
+    spec = importlib.util.spec_from_file_location(unique, file)
+    if spec is None or spec.loader is None:
+        raise BundleError(f"cannot import {file} (in {where!r}): it is not a loadable Python file.")
+    mod = importlib.util.module_from_spec(spec)
+    hidden = _hide_shadowed(root)
+    before = set(sys.modules)
+    # Registered first so dataclasses and pickling inside the module can find it by name.
+    sys.modules[unique] = mod
+    sys.path.insert(0, str(root))
+    try:
+        spec.loader.exec_module(mod)
+    except (Exception, SystemExit) as e:
+        sys.modules.pop(unique, None)
+        lines = traceback.format_exception(type(e), e, e.__traceback__)
+        tail = "".join(lines).rstrip().splitlines()[-TRACEBACK_LINES:]
+        raise BundleError(f"importing {file} (in {where!r}) failed: fix the error below and try again.\n  "
+                          + "\n  ".join(tail)) from None
+    finally:
+        try:
+            sys.path.remove(str(root))
+        except ValueError:
+            pass
+        for name in set(sys.modules) - before - {unique}:
+            if _inside(sys.modules[name], root):
+                del sys.modules[name]
+        sys.modules.update(hidden)
+    return mod
+
+
+def _inside(module, root: Path) -> bool:
+    origin = getattr(module, "__file__", None)
+    return bool(origin) and Path(origin).resolve().is_relative_to(root)
+
+
+def _hide_shadowed(root: Path) -> dict:
+    """Take out of sys.modules the already-imported modules that a bundle's own files share a name with.
+
+    Otherwise `from helpers import x` in the bundle would get some other package's `helpers`. Returns them so
+    they can be put back. Standard-library names are left alone: hiding `os` mid-import breaks too much, and
+    Python itself would not let a script's neighbour shadow an already-imported stdlib module either.
+    """
+    local = {p.stem for p in root.glob("*.py")} | {p.parent.name for p in root.glob("*/__init__.py")}
+    hidden = {}
+    for name in list(sys.modules):
+        top = name.partition(".")[0]
+        if top in local and top not in sys.stdlib_module_names and not _inside(sys.modules[name], root):
+            hidden[name] = sys.modules.pop(name)
+    return hidden
+
+
+_MARKER = "--- strop check_bundle error ---\n"
+# The child registers a bare `strop` package instead of running strop/__init__.py, which imports the training
+# stack (torch, peft): seconds and hundreds of MB that checking a bundle does not need.
+_CHECK_SCRIPT = f"""
+import sys, types
+MARKER = {_MARKER!r}
+package = types.ModuleType("strop")
+package.__path__ = [sys.argv[4]]
+sys.modules["strop"] = package
+from strop.errors import StropError
+from strop.scoring.bundles import load_bundle
+try:
+    load_bundle(sys.argv[1], sys.argv[2], sys.argv[3])
+except StropError as e:
+    # After a marker, because the bundle itself may print while it imports.
+    sys.stdout.write("\\n" + MARKER + str(e))
+    sys.exit(3)
+"""
+
+
+def check_bundle(path: str | Path, module: str = DEFAULT_MODULE, function: str = DEFAULT_FUNCTION,
+                 *, timeout_s: float = 60.0) -> str | None:
+    """Validate a bundle in a fresh interpreter (nothing it runs at import touches this process).
+
+    Returns the error text a person should see, or None when the bundle loads and its grader's signature fits.
+    """
+    package_dir = str(Path(__file__).resolve().parents[1])
+    argv = [sys.executable, "-c", _CHECK_SCRIPT, str(path), module, function, package_dir]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return (f"checking scoring bundle {str(path)!r} timed out after {timeout_s:g} s: importing {module}.py must "
+                f"not block or do long work at import time; move it into the function or a cache.")
+    if done.returncode == 0:
+        return None
+    if done.returncode == 3 and _MARKER in done.stdout:
+        return done.stdout.rpartition(_MARKER)[2].strip()
+    tail = "\n  ".join((done.stderr or done.stdout).strip().splitlines()[-TRACEBACK_LINES:])
+    return (f"checking scoring bundle {str(path)!r} crashed the checker (exit code {done.returncode}); "
+            f"importing {module}.py must not exit or crash the interpreter.\n  {tail}")
