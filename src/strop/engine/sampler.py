@@ -27,7 +27,10 @@ from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
+from strop.engine.malloc import keep_freed_memory
 from strop.types import SampledSequence, SampleResponse, SamplingParams
+
+keep_freed_memory()
 
 DEFAULT_MAX_TOKENS = 256
 

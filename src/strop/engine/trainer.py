@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -30,7 +31,10 @@ from transformers.utils import logging as hf_logging
 from strop.engine.sampler import AdapterWeights
 from strop.errors import StropError
 from strop.rl import losses
+from strop.engine.malloc import keep_freed_memory
 from strop.types import AdamParams, Datum, ForwardBackwardOutput, TensorData
+
+keep_freed_memory()
 
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PEFT_PREFIX = "base_model.model."
@@ -41,6 +45,32 @@ REQUIRED_INPUTS = {
     "ppo": ("target_tokens", "logprobs", "advantages"),
     "cispo": ("target_tokens", "logprobs", "advantages"),
 }
+
+
+HEAD_CHUNK = 128  # positions per vocabulary projection: 128 x 49152 fp32 logits = 25 MB
+
+
+def _head_chunk(head, hidden_N_H, targets_N):
+    logits_N_V = head(hidden_N_H).float()
+    lse_N = torch.logsumexp(logits_N_V, dim=-1)
+    lp_N = logits_N_V.gather(-1, targets_N[:, None])[:, 0] - lse_N
+    with torch.no_grad():
+        entropy_N = lse_N - (torch.softmax(logits_N_V, -1) * logits_N_V).sum(-1)
+    return lp_N, entropy_N
+
+
+def _head_logprobs(head, hidden_N_H, targets_N, checkpoint: bool = False):
+    """log p(target) and entropy for N positions, projecting onto the vocabulary HEAD_CHUNK at a time."""
+    from torch.utils.checkpoint import checkpoint as ckpt
+    lps, ents = [], []
+    for i in range(0, hidden_N_H.shape[0], HEAD_CHUNK):
+        h, t = hidden_N_H[i:i + HEAD_CHUNK], targets_N[i:i + HEAD_CHUNK]
+        lp, ent = ckpt(_head_chunk, head, h, t, use_reentrant=False) if checkpoint else _head_chunk(head, h, t)
+        lps.append(lp)
+        ents.append(ent.detach())
+    if not lps:
+        return hidden_N_H.new_zeros(0), hidden_N_H.new_zeros(0)
+    return torch.cat(lps), torch.cat(ents)
 
 
 def atomic_dir(final: Path):
@@ -64,7 +94,7 @@ def commit_dir(tmp: Path, final: Path) -> None:
 class LoraTrainer:
     def __init__(self, model_dir: str | Path, *, rank: int = 32, alpha: float | None = None,
                  target_modules: list[str] | None = None, seed: int = 0,
-                 compute_dtype: torch.dtype | None = None, max_tokens_per_batch: int = 4096):
+                 compute_dtype: torch.dtype | None = None, max_tokens_per_batch: int = 16384):
         if rank < 1:
             raise StropError(f"LoRA rank must be a positive integer, got {rank}")
         self.model_dir = str(model_dir)
@@ -80,7 +110,8 @@ class LoraTrainer:
         self.config = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank, target_modules=targets,
                                  lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
         # PEFT draws lora_A from the global RNG: fork it so a seed gives the same adapter and leaves callers' RNG alone
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # PEFT calls a deprecated name
             torch.manual_seed(seed)
             self.model = get_peft_model(base, self.config)
         self.model.train()
@@ -152,33 +183,30 @@ class LoraTrainer:
         width = max(d.model_input.length for d in datums)
         B = len(datums)
         input_ids = torch.zeros((B, width), dtype=torch.long)
-        mask = torch.zeros((B, width), dtype=torch.long)
+        mask = torch.zeros((B, width), dtype=torch.bool)
         targets = torch.zeros((B, width), dtype=torch.long)
+        active = torch.zeros((B, width), dtype=torch.bool)
+        inputs = []
         for b, d in enumerate(datums):
             n = d.model_input.length
             input_ids[b, :n] = torch.tensor(d.model_input.to_ints(), dtype=torch.long)
-            mask[b, :n] = 1
+            mask[b, :n] = True
             targets[b, :n] = d.loss_fn_inputs["target_tokens"].to_torch().reshape(-1)
-        logits_B_T_V = self.model(input_ids=input_ids, attention_mask=mask).logits.float()
-        # log p(target) = logit[target] - logsumexp(logits): avoids a second B x T x V tensor from log_softmax
-        lse_B_T = torch.logsumexp(logits_B_T_V, dim=-1)
-        lp_B_T = logits_B_T_V.gather(-1, targets[..., None])[..., 0] - lse_B_T
-        with torch.no_grad():
-            entropy_B_T = lse_B_T - (torch.softmax(logits_B_T_V, -1) * logits_B_T_V).sum(-1)
+            row = {k: v.to_torch().reshape(-1).float() for k, v in d.loss_fn_inputs.items() if k != "target_tokens"}
+            active[b, :n] = (row["weights"] if loss_fn == "cross_entropy" else row["advantages"]) != 0
+            inputs.append(row)
+        lp_B_T, entropy_B_T = self._target_logprobs(input_ids, mask, targets, active)
 
         total = torch.zeros(())
         outputs, stats = [], {"tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0}
+        low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
         for b, d in enumerate(datums):
             n = d.model_input.length
-            lp_T = lp_B_T[b, :n]
-            inputs = {k: v.to_torch().reshape(-1).float() for k, v in d.loss_fn_inputs.items() if k != "target_tokens"}
+            lp_T, active_T, row = lp_B_T[b, :n], active[b, :n], inputs[b]
             if loss_fn == "cross_entropy":
-                active_T = inputs["weights"] != 0
-                loss = losses.cross_entropy_loss(lp_T, inputs["weights"])
+                loss = losses.cross_entropy_loss(lp_T, row["weights"])
             else:
-                old_T, adv_T = inputs["logprobs"], inputs["advantages"]
-                active_T = adv_T != 0
-                low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
+                old_T, adv_T = row["logprobs"], row["advantages"]
                 if loss_fn == "importance_sampling":
                     loss = losses.importance_sampling_loss(lp_T, old_T, adv_T)
                 elif loss_fn == "ppo":
@@ -193,6 +221,28 @@ class LoraTrainer:
             outputs.append({"logprobs": TensorData.from_torch(lp_T.detach()),
                             "entropy": TensorData.from_torch(entropy_B_T[b, :n])})
         return total, outputs, stats
+
+    def _target_logprobs(self, input_ids, mask, targets, active):
+        """log p(target) and the entropy at every position, without ever holding B x T x V logits.
+
+        The transformer runs once; the vocabulary projection runs in chunks of HEAD_CHUNK positions, under
+        activation checkpointing for positions whose loss has a gradient (their logits are recomputed in
+        backward instead of kept) and without a graph for the rest (prompt tokens, padding)."""
+        base = self.model.get_base_model()
+        hidden_B_T_H = base.model(input_ids=input_ids, attention_mask=mask.long()).last_hidden_state
+        lp_B_T = torch.zeros(mask.shape, dtype=torch.float32)
+        entropy_B_T = torch.zeros(mask.shape, dtype=torch.float32)
+        grad_pos = active & mask if torch.is_grad_enabled() else torch.zeros_like(mask)
+        rest_pos = mask & ~grad_pos
+        with torch.no_grad():
+            lp, ent = _head_logprobs(base.lm_head, hidden_B_T_H[rest_pos], targets[rest_pos])
+        lp_B_T = lp_B_T.index_put(rest_pos.nonzero(as_tuple=True), lp)
+        entropy_B_T[rest_pos] = ent
+        if grad_pos.any():
+            lp, ent = _head_logprobs(base.lm_head, hidden_B_T_H[grad_pos], targets[grad_pos], checkpoint=True)
+            lp_B_T = lp_B_T.index_put(grad_pos.nonzero(as_tuple=True), lp)
+            entropy_B_T[grad_pos] = ent
+        return lp_B_T, entropy_B_T
 
     # ---- optimizer -----------------------------------------------------------------------------------
     def trainable_parameters(self) -> list[torch.nn.Parameter]:

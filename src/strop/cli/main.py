@@ -1,0 +1,49 @@
+"""The `strop` command. One module per noun; each adds its subcommands to the parser here.
+
+    strop base-models list
+    strop train --base-model strop/tiny-random --dataset synthetic:add --steps 2
+
+Errors a person can fix (StropError) print as one line on stderr and exit 1; nothing else is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from strop.errors import StropError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from strop import __version__
+    from strop.cli import base_models, train
+
+    parser = argparse.ArgumentParser(
+        prog="strop",
+        description="RL fine-tuning (GRPO + LoRA) of small open language models on tasks whose answers can be "
+                    "checked. State lives under $STROP_HOME (default ~/.strop).",
+        epilog="Start with: strop base-models list, then strop train --help.")
+    parser.add_argument("--version", action="version", version=f"strop {__version__}")
+    nouns = parser.add_subparsers(dest="noun", metavar="COMMAND", required=True)
+    base_models.register(nouns)
+    train.register(nouns)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args) or 0
+    except StropError as exc:
+        print(f"strop: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("strop: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""How every command prints: `-o table` (default, for people), `-o json` / `-o yaml` (for scripts), and
+`--jq EXPR` to pick from the JSON form (string results print bare, like `jq -r`, so
+`RUN=$(strop runs start -f run.json -o json --jq .runId)` captures just the id).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+from strop.errors import StropError
+
+
+def add_output_flags(parser) -> None:
+    parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table",
+                        help="output format (default: table)")
+    parser.add_argument("--jq", metavar="EXPR", help="jq expression over the JSON form, e.g. .runId")
+
+
+def emit(args, data: Any, table: Callable[[Any], str] | None = None) -> None:
+    if getattr(args, "jq", None):
+        try:
+            import jq
+            results = jq.compile(args.jq).input_value(json.loads(json.dumps(data, default=str))).all()
+        except ValueError as exc:
+            raise StropError(f"--jq {args.jq!r}: {exc}") from None
+        for result in results:
+            print(result if isinstance(result, str) else json.dumps(result, default=str))
+        return
+    fmt = getattr(args, "output", "table")
+    if fmt == "json":
+        print(json.dumps(data, indent=2, default=str))
+    elif fmt == "yaml":
+        import yaml
+        print(yaml.safe_dump(json.loads(json.dumps(data, default=str)), sort_keys=False).rstrip())
+    else:
+        print(table(data) if table else json.dumps(data, indent=2, default=str))
+
+
+def format_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """A plain aligned table; columns are (key, HEADER)."""
+    cells = [[h for _, h in columns]] + [[_cell(r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def note(message: str) -> None:
+    """Progress and hints go to stderr so stdout stays clean for -o json."""
+    print(message, file=sys.stderr)

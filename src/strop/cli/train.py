@@ -1,0 +1,117 @@
+"""`strop train`: run the GRPO loop on one machine, in the foreground, with progress.
+
+    strop train --base-model strop/tiny-random --dataset synthetic:add --steps 5 --group-size 4
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from strop.cli.output import add_output_flags, emit, format_table, note
+from strop.errors import StropError
+
+
+def register(nouns) -> None:
+    p = nouns.add_parser(
+        "train", help="fine-tune a base model with GRPO + LoRA on a dataset",
+        description="Fine-tune a base model with GRPO + LoRA. Each step samples --group-size completions for "
+                    "--batch-size prompts, scores them with the reward terms, and updates the adapter. The run "
+                    "folder (printed first) gets config.json, metrics.jsonl, rollouts.jsonl, TensorBoard events, "
+                    "checkpoints/ and final/ (the tuned PEFT adapter). Run the same command with --run-dir of a "
+                    "stopped run to resume it from its last checkpoint.",
+        epilog="examples:\n"
+               "  strop train --base-model strop/tiny-random --dataset synthetic:add --steps 3\n"
+               "  strop train --dataset gsm8k --reward builtin:gsm8k=1.0 --reward builtin:gsm8k-format=0.1\n"
+               "  strop train --dataset data/train.jsonl --reward ./scoring#reward:compute_score",
+        formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
+                   help="catalog id, hub id, local HF directory, or strop/tiny-random (default: %(default)s)")
+    p.add_argument("--dataset", default="synthetic:add",
+                   help="synthetic[:LEVEL] (levels: add, add-sub, mul, mixed, word-1, word-2, word-3), gsm8k, or a "
+                        ".jsonl/.json/.parquet file with question and answer fields (default: %(default)s)")
+    p.add_argument("--limit", type=_positive_int, help="use only the first N rows of the dataset")
+    p.add_argument("--reward", action="append", metavar="REF[=WEIGHT]",
+                   help="a reward term: builtin:gsm8k, builtin:gsm8k-format or DIR[#MODULE[:FUNCTION]], with an "
+                        "optional weight (default 1.0); repeat for several terms (default: builtin:gsm8k)")
+    p.add_argument("--steps", type=_positive_int, help="stop after N steps (default: one epoch)")
+    p.add_argument("--epochs", type=_positive_int, default=1, help="passes over the dataset (default: %(default)s)")
+    p.add_argument("--group-size", type=int, default=8, help="samples per prompt, at least 2 (default: %(default)s)")
+    p.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per step (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=256, help="most tokens per completion (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate (default: %(default)s)")
+    p.add_argument("--rank", type=_positive_int, default=32, help="LoRA rank (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
+    p.add_argument("--kl-beta", type=float, default=0.0, help="KL penalty to the base model (default: %(default)s)")
+    p.add_argument("--loss", default="importance_sampling", choices=("importance_sampling", "ppo", "cispo"),
+                   help="policy loss (default: %(default)s)")
+    p.add_argument("--scale-by-std", action="store_true", help="divide advantages by the group's reward std")
+    p.add_argument("--system-prompt", help="system message before each question")
+    p.add_argument("--question-suffix", default="", help="text appended to each question")
+    p.add_argument("--save-every", type=_positive_int, default=10, help="checkpoint every N steps (default: %(default)s)")
+    p.add_argument("--keep-adapters", type=_positive_int, default=4, help="checkpoints kept (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed for data order, LoRA init and sampling")
+    p.add_argument("--bf16", action="store_true", help="sample and train in bfloat16 (faster on CPUs with AVX-512 BF16)")
+    p.add_argument("--run-dir", type=Path, help="run folder (default: $STROP_HOME/runs/<time>-<model>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_output_flags(p)
+    p.set_defaults(handler=run)
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def parse_reward(spec: str) -> dict:
+    ref, _, weight = spec.partition("=")
+    if not ref:
+        raise StropError(f"--reward {spec!r}: give a grader reference such as builtin:gsm8k or ./scoring#reward")
+    try:
+        return {"grader": ref, "weight": float(weight) if weight else 1.0}
+    except ValueError:
+        raise StropError(f"--reward {spec!r}: the weight after '=' must be a number, e.g. builtin:gsm8k=1.0") from None
+
+
+def run(args) -> int:
+    from strop.paths import runs_dir, safe_name
+    from strop.rl import GRPOConfig, run_grpo
+
+    rewards = [parse_reward(s) for s in (args.reward or ["builtin:gsm8k"])]
+    config = GRPOConfig(
+        base_model=args.base_model, dataset=args.dataset, dataset_limit=args.limit, reward_terms=rewards,
+        group_size=args.group_size, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.steps,
+        learning_rate=args.lr, lora_rank=args.rank, temperature=args.temperature,
+        max_completion_length=args.max_tokens, kl_beta=args.kl_beta, loss_fn=args.loss,
+        scale_by_std=args.scale_by_std, system_prompt=args.system_prompt, question_suffix=args.question_suffix,
+        save_every=args.save_every, keep_adapters=args.keep_adapters, seed=args.seed,
+        sampler_dtype="bfloat16" if args.bf16 else "float32", compute_dtype="bfloat16" if args.bf16 else "float32")
+    run_dir = args.run_dir or runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe_name(args.base_model)}"
+    if run_dir.exists() and (run_dir / "config.json").exists():
+        saved = json.loads((run_dir / "config.json").read_text())
+        if saved != config.to_dict():
+            changed = sorted(k for k in set(saved) | set(config.to_dict()) if saved.get(k) != config.to_dict().get(k))
+            raise StropError(f"{run_dir} holds a run with a different config (differs in {', '.join(changed)}); "
+                             "resume it with the same flags, or choose another --run-dir")
+        note(f"resuming the run in {run_dir}")
+    note(f"run folder: {run_dir}")
+    result = run_grpo(config, run_dir, progress=not args.quiet)
+    last = result.metrics[-1] if result.metrics else {}
+    summary = {"runDir": str(result.run_dir), "steps": result.steps, "finalAdapter": str(result.final_adapter),
+               "firstReward": result.metrics[0]["reward"] if result.metrics else None,
+               "lastReward": last.get("reward"), "metrics": str(result.run_dir / "metrics.jsonl")}
+    emit(args, summary, lambda s: _table(result.metrics) + f"\n\nrun folder: {s['runDir']}\ntuned adapter: {s['finalAdapter']}")
+    return 0
+
+
+def _table(metrics: list[dict]) -> str:
+    cols = [("step", "STEP"), ("reward", "REWARD"), ("zeroVarianceGroups", "ZERO-VAR"), ("entropy", "ENTROPY"),
+            ("completionLength", "LENGTH"), ("klSampleTrain", "KL(S|T)"), ("stepSeconds", "SECONDS")]
+    return format_table(metrics, cols)
