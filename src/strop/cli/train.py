@@ -52,7 +52,6 @@ def register(nouns) -> None:
     p.add_argument("--save-every", type=_positive_int, default=10, help="checkpoint every N steps (default: %(default)s)")
     p.add_argument("--keep-adapters", type=_positive_int, default=4, help="checkpoints kept (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed for data order, LoRA init and sampling")
-    p.add_argument("--bf16", action="store_true", help="sample and train in bfloat16 (faster on CPUs with AVX-512 BF16)")
     p.add_argument("--run-dir", type=Path, help="run folder (default: $STROP_HOME/runs/<time>-<model>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_output_flags(p)
@@ -91,8 +90,7 @@ def run(args) -> int:
         learning_rate=args.lr, lora_rank=args.rank, temperature=args.temperature,
         max_completion_length=args.max_tokens, kl_beta=args.kl_beta, loss_fn=args.loss,
         scale_by_std=args.scale_by_std, system_prompt=args.system_prompt, question_suffix=args.question_suffix,
-        save_every=args.save_every, keep_adapters=args.keep_adapters, seed=args.seed,
-        sampler_dtype="bfloat16" if args.bf16 else "float32", compute_dtype="bfloat16" if args.bf16 else "float32")
+        save_every=args.save_every, keep_adapters=args.keep_adapters, seed=args.seed)
     run_dir = args.run_dir or runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe_name(args.base_model)}"
     if run_dir.exists() and (run_dir / "config.json").exists():
         saved = json.loads((run_dir / "config.json").read_text())
@@ -100,9 +98,10 @@ def run(args) -> int:
             changed = sorted(k for k in set(saved) | set(config.to_dict()) if saved.get(k) != config.to_dict().get(k))
             raise StropError(f"{run_dir} holds a run with a different config (differs in {', '.join(changed)}); "
                              "resume it with the same flags, or choose another --run-dir")
-        note(f"resuming the run in {run_dir}")
-    note(f"run folder: {run_dir}")
-    result = run_grpo(config, run_dir, progress=not args.quiet)
+    def announce(folder, start_step):
+        note(f"run folder: {folder}" + (f" (resuming at step {start_step})" if start_step else ""))
+
+    result = run_grpo(config, run_dir, progress=not args.quiet, on_start=announce)
     last = result.metrics[-1] if result.metrics else {}
     summary = {"runDir": str(result.run_dir), "steps": result.steps, "finalAdapter": str(result.final_adapter),
                "firstReward": result.metrics[0]["reward"] if result.metrics else None,

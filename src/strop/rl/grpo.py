@@ -124,9 +124,10 @@ def base_kl(base_sampler, group: Group) -> list[list[float]]:
 
 
 def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient | None = None,
-             progress: bool = True, rows: list[Row] | None = None) -> RunResult:
+             progress: bool = True, rows: list[Row] | None = None, on_start=None) -> RunResult:
+    """Train, writing into `run_dir`; `on_start(run_dir, start_step)` is called once the run folder exists."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # everything that can fail on bad input happens before the run folder exists: nothing half-written
     rows = rows if rows is not None else load_rows(config.dataset, split="train", limit=config.dataset_limit,
                                                    seed=config.seed)
     if not rows:
@@ -144,12 +145,15 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
     adam = types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
                             weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
 
+    run_dir.mkdir(parents=True, exist_ok=True)
     start_step = 0
     found = checkpoints.latest(run_dir)
     if found:
         start_step, path = found
         training.load_state(str(path)).result()
     config.save(run_dir / "config.json")
+    if on_start is not None:
+        on_start(run_dir, start_step)
     batches = step_batches(len(rows), config)
     log = RunLog(run_dir, start_step=start_step)
     bar = _progress(len(batches), start_step, progress)

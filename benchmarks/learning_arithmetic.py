@@ -1,0 +1,122 @@
+"""Does strop's GRPO loop teach SmolLM2-135M-Instruct arithmetic on this CPU? Held-out accuracy before and
+after, with an exact McNemar test on the paired outcomes.
+
+    python benchmarks/learning_arithmetic.py                      # 20 steps x 8 prompts x 8 samples x <= 48 tokens
+    python benchmarks/learning_arithmetic.py --steps 30 --level add-sub
+
+The reference point (DESIGN.md): TRL GRPO on the same model and task went 29.0% -> 56.5% (p = 1e-11) in
+1,366 s. Prints reward per step, then accuracies, the discordant counts and p; the last line is a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import strop
+from strop import model_info, renderers, types
+from strop.data import generate
+from strop.models import DEFAULT_MODEL
+from strop.rl import GRPOConfig, run_grpo
+from strop.scoring import load_grader
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: under no change, the b + c discordant pairs split 50/50."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def held_out(level: str, n: int) -> list:
+    """n distinct problems from the test half of the level's problem space."""
+    seen, rows = set(), []
+    for row in generate(level, 20 * n, seed=12345, split="test"):
+        if row.question not in seen:
+            seen.add(row.question)
+            rows.append(row)
+        if len(rows) == n:
+            return rows
+    raise SystemExit(f"level {level} has only {len(rows)} distinct held-out problems; ask for fewer with --eval-n")
+
+
+def greedy_correct(sampler, renderer, rows, max_tokens: int) -> list[bool]:
+    grade = load_grader("builtin:gsm8k")
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=0, stop=renderer.get_stop_sequences())
+    futures = [sampler.sample(prompt=renderer.build_generation_prompt([{"role": "user", "content": r.question}]),
+                              num_samples=1, sampling_params=params) for r in rows]
+    out = []
+    for future, row in zip(futures, rows):
+        message, _ = renderer.parse_response(future.result().sequences[0].tokens)
+        out.append(grade(solution_str=renderers.get_text_content(message), ground_truth=row.answer) == 1.0)
+    return out
+
+
+def main() -> int:
+    cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_argument("--model", default=DEFAULT_MODEL)
+    cli.add_argument("--level", default="add")
+    cli.add_argument("--steps", type=int, default=20)
+    cli.add_argument("--batch-size", type=int, default=8)
+    cli.add_argument("--group-size", type=int, default=8)
+    cli.add_argument("--max-tokens", type=int, default=48)
+    cli.add_argument("--lr", type=float, default=1e-4)
+    cli.add_argument("--rank", type=int, default=32)
+    cli.add_argument("--eval-n", type=int, default=200)
+    cli.add_argument("--out", type=Path, default=Path("benchmarks/out/learning_arithmetic"))
+    args = cli.parse_args()
+
+    t_start = time.perf_counter()
+    eval_rows = held_out(args.level, args.eval_n)
+    service = strop.ServiceClient()
+    renderer = renderers.get_renderer(model_info.get_recommended_renderer_name(args.model),
+                                      strop.tokenizer_utils.get_tokenizer(args.model))
+
+    t0 = time.perf_counter()
+    before = greedy_correct(service.create_sampling_client(base_model=args.model), renderer, eval_rows, args.max_tokens)
+    eval_before_s = time.perf_counter() - t0
+    print(f"before: {sum(before)}/{len(before)} = {sum(before) / len(before):.1%} ({eval_before_s:.0f} s)", flush=True)
+
+    config = GRPOConfig(base_model=args.model, dataset=f"synthetic:{args.level}", max_steps=args.steps,
+                        batch_size=args.batch_size, group_size=args.group_size, max_completion_length=args.max_tokens,
+                        learning_rate=args.lr, lora_rank=args.rank, temperature=1.0, kl_beta=0.0,
+                        save_every=args.steps, keep_adapters=1)
+    if args.out.exists():
+        import shutil
+        shutil.rmtree(args.out)  # a benchmark starts fresh; a resumed run would not measure training time
+    t0 = time.perf_counter()
+    result = run_grpo(config, args.out, service=service, progress=False)
+    train_s = time.perf_counter() - t0
+    for row in result.metrics:
+        print(f"step {row['step']:3d}  reward {row['reward']:.3f}  zeroVarianceGroups {row['zeroVarianceGroups']:.2f}  "
+              f"length {row['completionLength']:5.1f}  kl {row['klSampleTrain']:+.4f}  {row['stepSeconds']:5.1f} s "
+              f"(sample {row['sampleSeconds']:.1f}, train {row['trainSeconds']:.1f})")
+
+    tuned = service.create_sampling_client(base_model=args.model, model_path=str(result.final_adapter))
+    t0 = time.perf_counter()
+    after = greedy_correct(tuned, renderer, eval_rows, args.max_tokens)
+    eval_after_s = time.perf_counter() - t0
+    b = sum(x and not y for x, y in zip(before, after))   # right before, wrong after
+    c = sum(y and not x for x, y in zip(before, after))   # wrong before, right after
+    p = mcnemar_exact(b, c)
+    acc_before, acc_after = sum(before) / len(before), sum(after) / len(after)
+    total_s = time.perf_counter() - t_start
+    print(f"after:  {sum(after)}/{len(after)} = {acc_after:.1%} ({eval_after_s:.0f} s)")
+    print(f"discordant pairs: {b} right->wrong, {c} wrong->right; exact McNemar p = {p:.3g}")
+    print(f"training {train_s:.0f} s for {args.steps} steps ({train_s / args.steps:.1f} s/step); total {total_s:.0f} s")
+    summary = {"model": args.model, "level": args.level, "steps": args.steps, "eval_n": len(eval_rows),
+               "acc_before": acc_before, "acc_after": acc_after, "mcnemar_b": b, "mcnemar_c": c, "p": p,
+               "train_seconds": train_s, "total_seconds": total_s}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"accuracy {acc_before:.3f} -> {acc_after:.3f}  p {p:.2g}  train_s {train_s:.0f}  total_s {total_s:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
