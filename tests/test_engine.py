@@ -203,3 +203,14 @@ def test_state_round_trip_continues_identically(service, tiny_model_dir, tmp_pat
     one_step(b)
     sa, sb = a.trainer.lora_state_dict(), b.trainer.lora_state_dict()
     assert all(torch.allclose(sa[k], sb[k], atol=1e-6) for k in sa)  # Adam moments came back too
+
+
+def test_batched_logprobs_match_one_at_a_time(training):
+    tok = training.get_tokenizer()
+    sampler = training.save_weights_and_get_sampling_client()
+    inputs = [prompt_of(tok, text) for text in ("What is 2 + 3?", "Compute 6 * 7. Then add four to it, please.", "Hi")]
+    together = sampler.compute_logprobs_many(inputs).result()
+    for mi, lps in zip(inputs, together):
+        alone = sampler.compute_logprobs(mi).result()
+        assert len(lps) == mi.length and lps[0] is None
+        assert lps[1:] == pytest.approx(alone[1:], abs=1e-5)

@@ -60,6 +60,7 @@ def test_grpo_run_writes_everything_and_changes_the_adapter(tiny_model_dir, vari
     rollouts = read_jsonl(tmp_path / "run" / "rollouts.jsonl")
     assert len(rollouts) == 3 * 2 * 4
     assert set(rollouts[0]["scores"]) == {"length", "correct"}
+    assert rollouts[0]["prompt"].endswith("<|im_start|>assistant\n") and rollouts[0]["question"] in rollouts[0]["prompt"]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(tmp_path / "run" / "events"))
@@ -157,3 +158,10 @@ def test_killed_run_resumes_with_complete_metrics(tiny_model_dir, tmp_path):
     subprocess.run(command(straight), capture_output=True, text=True, timeout=300, check=True)
     expected = read_jsonl(straight / "metrics.jsonl")
     assert [r["reward"] for r in rows] == pytest.approx([r["reward"] for r in expected], abs=1e-6)
+
+
+def test_prompts_too_long_for_max_seq_length_are_refused_up_front(tiny_model_dir, varied_bundle, tmp_path):
+    config = tiny_config(tiny_model_dir, varied_bundle, max_seq_length=12, max_completion_length=8)
+    with pytest.raises(StropError, match="max_seq_length"):
+        run_grpo(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

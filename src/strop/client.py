@@ -137,12 +137,17 @@ class SamplingClient:
 
     def compute_logprobs(self, prompt: ModelInput) -> APIFuture:
         """Each token's logprob given those before it (None for the first), under this client's weights."""
+        many = self.compute_logprobs_many([prompt])
+        return APIFuture(lambda: many.result()[0])
+
+    def compute_logprobs_many(self, prompts: list[ModelInput]) -> APIFuture:
+        """`compute_logprobs` for several inputs in batched forward passes (a strop extension)."""
         engine = self._queue.engine
 
         def compute():
             with self._queue.lock:
                 engine.activate(self.adapter)
-                return engine.prompt_logprobs([prompt.to_ints()])[0]
+                return engine.prompt_logprobs([p.to_ints() for p in prompts])
         return APIFuture(compute)
 
     def get_tokenizer(self):

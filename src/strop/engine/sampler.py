@@ -231,12 +231,26 @@ class SamplerEngine:
 
     # ---- scoring --------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float | None]]:
-        """Each token's logprob given the tokens before it (None for the first), for several sequences."""
-        results = []
-        for seq in sequences:
-            ids = torch.tensor([seq], dtype=torch.long)
-            logits = self.model(input_ids=ids).logits[0, :-1].float()
-            lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
-            results.append([None] + lp.tolist())
+    def prompt_logprobs(self, sequences: list[list[int]], max_batch_tokens: int = 8192) -> list[list[float | None]]:
+        """Each token's logprob given the tokens before it (None for the first), for several sequences, run in
+        right-padded batches of similar length."""
+        results: list[list[float | None]] = [[] for _ in sequences]
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+        start = 0
+        while start < len(order):
+            width, end = len(sequences[order[start]]), start
+            while end < len(order) and len(sequences[order[end]]) * (end - start + 1) <= max(max_batch_tokens, width):
+                width = len(sequences[order[end]])
+                end += 1
+            batch = order[start:end]
+            ids = torch.zeros((len(batch), width), dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for b, i in enumerate(batch):
+                ids[b, :len(sequences[i])] = torch.tensor(sequences[i], dtype=torch.long)
+                mask[b, :len(sequences[i])] = 1
+            logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+            lp = (logits.gather(-1, ids[:, 1:, None])[..., 0] - torch.logsumexp(logits, -1))
+            for b, i in enumerate(batch):
+                results[i] = [None] + lp[b, :len(sequences[i]) - 1].tolist()
+            start = end
         return results

@@ -72,6 +72,15 @@ def build_prompt(renderer, row: Row, config: GRPOConfig) -> types.ModelInput:
     return renderer.build_generation_prompt(messages)
 
 
+def check_prompt_lengths(renderer, rows: list[Row], config: GRPOConfig) -> None:
+    """Refuse, before anything runs, a dataset whose prompts leave no room for a completion."""
+    limit = config.max_seq_length - config.max_completion_length
+    lengths = [build_prompt(renderer, row, config).length for row in rows]
+    if max(lengths) > limit:
+        raise StropError(f"a prompt has {max(lengths)} tokens, over max_seq_length - max_completion_length = {limit}; "
+                         "raise max_seq_length, lower max_completion_length or shorten the system prompt")
+
+
 def step_batches(n_rows: int, config: GRPOConfig) -> list[list[int]]:
     """Row indices for every step: each epoch a fresh seeded shuffle, cut into batches (the last may be short)."""
     batches = []
@@ -115,12 +124,10 @@ def group_datums(group: Group, advantages_G: torch.Tensor, kl_G: list[list[float
 
 def base_kl(base_sampler, group: Group) -> list[list[float]]:
     """Per-token log p_sampler - log p_base for each completion (p_base: the model with the adapter off)."""
-    out = []
-    for completion in group.completions:
-        full = group.prompt.append(types.EncodedTextChunk(tokens=completion.tokens))
-        base_lp = base_sampler.compute_logprobs(full).result()[group.prompt.length:]
-        out.append([lp - b for lp, b in zip(completion.logprobs, base_lp)])
-    return out
+    fulls = [group.prompt.append(types.EncodedTextChunk(tokens=c.tokens)) for c in group.completions]
+    base_lps = base_sampler.compute_logprobs_many(fulls).result()
+    return [[lp - b for lp, b in zip(c.logprobs, base_lp[group.prompt.length:])]
+            for c, base_lp in zip(group.completions, base_lps)]
 
 
 def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient | None = None,
@@ -141,6 +148,8 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
     tokenizer = training.get_tokenizer()
     from strop import model_info
     renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model), tokenizer)
+    if config.max_seq_length:
+        check_prompt_lengths(renderer, rows, config)
     base_sampler = service.create_sampling_client(base_model=config.base_model) if config.kl_beta > 0 else None
     adam = types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
                             weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
@@ -188,12 +197,6 @@ def _train_step(step, batch_rows, config, training, renderer, terms, weights, ba
     t0 = time.perf_counter()
     sampler = training.save_weights_and_get_sampling_client()
     prompts = [build_prompt(renderer, row, config) for row in batch_rows]
-    if config.max_seq_length:
-        limit = config.max_seq_length - config.max_completion_length
-        too_long = [p.length for p in prompts if p.length > limit]
-        if too_long:
-            raise StropError(f"a prompt has {max(too_long)} tokens, over max_seq_length - max_completion_length = {limit}; "
-                             "raise max_seq_length or shorten the system prompt")
     futures = []
     for i, prompt in enumerate(prompts):
         params = types.SamplingParams(max_tokens=config.max_completion_length, temperature=config.temperature,
@@ -209,16 +212,18 @@ def _train_step(step, batch_rows, config, training, renderer, terms, weights, ba
     for g_index, group in enumerate(groups):
         rewards_G = torch.tensor([c.reward for c in group.completions])
         advantages_G = group_advantages(rewards_G, scale_by_std=config.scale_by_std)
-        kl_G = base_kl(base_sampler, group) if base_sampler is not None else None
-        if kl_G is not None:
-            kl_values.extend(v for seq in kl_G for v in seq)
+        prompt_text = renderer.tokenizer.decode(group.prompt.to_ints())
         for c, adv in zip(group.completions, advantages_G.tolist()):
-            rollouts.append({"step": step, "group": g_index, "question": group.row.question, "gold": group.row.gold,
+            rollouts.append({"step": step, "group": g_index, "prompt": prompt_text, "question": group.row.question,
+                             "gold": group.row.gold,
                              "completion": c.text, "reward": c.reward, "advantage": adv, "scores": c.term_scores,
                              "tokens": len(c.tokens), "stop_reason": c.stop_reason, "errors": c.errors})
         if is_zero_variance(rewards_G):
             zero_var += 1
             continue
+        kl_G = base_kl(base_sampler, group) if base_sampler is not None else None
+        if kl_G is not None:
+            kl_values.extend(v for seq in kl_G for v in seq)
         datums.extend(group_datums(group, advantages_G, kl_G, config.kl_beta))
 
     t1 = time.perf_counter()
