@@ -196,6 +196,8 @@ def build_tiny_random(dest: Path) -> Path:
     with staging_dir(dest) as tmp:
         tokenizer = _build_tokenizer()
         model = _build_model(len(tokenizer))
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()  # a progress bar for a 560 KB file is noise
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         marker = {"model_id": "strop/tiny-random", "builder": "strop.models.tiny", "version": TINY_BUILD_VERSION}
