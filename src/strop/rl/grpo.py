@@ -131,8 +131,11 @@ def base_kl(base_sampler, group: Group) -> list[list[float]]:
 
 
 def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient | None = None,
-             progress: bool = True, rows: list[Row] | None = None, on_start=None) -> RunResult:
-    """Train, writing into `run_dir`; `on_start(run_dir, start_step)` is called once the run folder exists."""
+             progress: bool = True, rows: list[Row] | None = None, on_start=None, on_step=None,
+             on_checkpoint=None) -> RunResult:
+    """Train, writing into `run_dir`. `on_start(run_dir, start_step)` is called once the run folder exists,
+    `on_step(metrics_row)` after each step's row is written and `on_checkpoint(step, path)` after each
+    checkpoint (the control plane copies both into its store)."""
     run_dir = Path(run_dir)
     # everything that can fail on bad input happens before the run folder exists: nothing half-written
     rows = rows if rows is not None else load_rows(config.dataset, split="train", limit=config.dataset_limit,
@@ -171,12 +174,16 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
             row_ = _train_step(step, [rows[i] for i in batches[step]], config, training, renderer, terms, weights,
                                base_sampler, adam, log, step // max(1, math.ceil(len(rows) / config.batch_size)))
             log.write_step(row_)
+            if on_step is not None:
+                on_step(row_)
             if bar is not None:
                 bar.set_postfix(reward=f"{row_['reward']:.3f}", zvg=f"{row_['zeroVarianceGroups']:.2f}",
                                 len=f"{row_['completionLength']:.0f}", s=f"{row_['stepSeconds']:.1f}")
                 bar.update(1)
             if (step + 1) % config.save_every == 0 or step + 1 == len(batches):
-                checkpoints.save(training, run_dir, step + 1, config.keep_adapters)
+                path = checkpoints.save(training, run_dir, step + 1, config.keep_adapters)
+                if on_checkpoint is not None:
+                    on_checkpoint(step + 1, path)
     finally:
         log.close()
         if bar is not None:
