@@ -1,0 +1,445 @@
+"""The run descriptor: the JSON file that says what one training run is (seed 003's `run.json`).
+
+A descriptor names a project, a base model, a dataset, the GRPO hyperparameters, the reward terms (scoring
+bundles) and how the run is executed. It is checked strictly and as a whole before anything is admitted:
+every problem is reported at once, one per line, as a JSON path, what is accepted there and what was given:
+
+    $.config.rlHyperparams.groupSize: must be an integer >= 2 (got 1)
+    $.config.rlHyperparams.optimizer.learningrate: unknown field; known fields here: learningRate, ...
+        (did you mean 'learningRate'?)
+
+No silent coercion: "8" is not 8, true is not 1, 8.0 is not an integer. Fields without a default are required.
+
+    >>> from strop.control import load_descriptor
+    >>> run = load_descriptor("examples/gsm8k/run.json")
+    >>> run.config.rl_hyperparams.group_size
+    8
+    >>> refs = [t.grader_ref("/artifacts/bundles/ab12") for t in run.config.reward.terms]  # dirs the registry pinned
+    >>> config = run.to_grpo_config("/artifacts/datasets/cd34.jsonl", run.reward_term_specs(refs))
+
+Attributes are snake_case; the JSON's camelCase names are their aliases (`to_dict()` writes them back). Registry
+references (`gsm8k/train`, `gsm8k/scoring@3`) are checked for form only: the control plane pins their versions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import typing
+from dataclasses import fields as dataclass_fields
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from strop.errors import StropError
+from strop.rl.config import GRPOConfig
+from strop.scoring.bundles import BUILTINS
+
+# Registry names are slash-separated segments ("gsm8k/scoring"); a version follows '@' ("gsm8k/scoring@3").
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+REF_PATTERN = rf"^{_SEGMENT}(?:/{_SEGMENT})*(?:@[A-Za-z0-9][A-Za-z0-9._+-]*)?$"
+BUILTIN_PREFIX = "builtin:"
+_IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$"
+SHOWN_CHARS = 60  # of a given value in a message: enough to recognise it, short enough to stay one line
+
+# A string with at least one non-space character: "" and "   " name nothing.
+Text = Annotated[str, StringConstraints(min_length=1, pattern=r"\S")]
+
+
+class DescriptorError(StropError):
+    """A run descriptor that cannot be used; `problems` holds one line per problem (path: what to fix)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or [message]
+
+
+def _field(default: Any = ..., *, accepts: str, item: str | None = None, **constraints: Any) -> Any:
+    # `accepts` is what the error message says the field takes; `item` the same for one element of a list.
+    extra = {"accepts": accepts, **({"item": item} if item else {})}
+    return Field(default, json_schema_extra=extra, **constraints)
+
+
+class _Strict(BaseModel):
+    # strict: no "8" -> 8 or true -> 1; forbid: a misspelt optional field must not be silently ignored.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, alias_generator=to_camel)
+
+
+class LoraSpec(_Strict):
+    rank: int = _field(accepts="an integer >= 1", ge=1)
+    alpha: float | None = _field(None, accepts="a number > 0, or null (alpha = rank)", gt=0, allow_inf_nan=False)
+    target_modules: list[Text] | None = _field(
+        None, accepts='a non-empty list of module names such as ["q_proj", "v_proj"], or null (the trainer\'s '
+        'default)', item="a module name (a non-empty string)", min_length=1)
+
+
+class OptimizerSpec(_Strict):
+    learning_rate: float = _field(accepts="a number between 0 and 1 (exclusive)", gt=0, lt=1, allow_inf_nan=False)
+    weight_decay: float = _field(0.0, accepts="a number >= 0", ge=0, allow_inf_nan=False)
+    grad_clip_norm: float = _field(1.0, accepts="a number >= 0 (0: no clipping)", ge=0, allow_inf_nan=False)
+
+
+class RLHyperparams(_Strict):
+    epochs: int = _field(accepts="an integer >= 1", ge=1)
+    max_steps: int = _field(accepts="an integer >= 1", ge=1)
+    group_size: int = _field(accepts="an integer >= 2", ge=2)
+    kl_beta: float = _field(accepts="a number >= 0", ge=0, allow_inf_nan=False)
+    temperature: float = _field(accepts="a number > 0", gt=0, allow_inf_nan=False)
+    max_completion_length: int = _field(accepts="an integer >= 1", ge=1)
+    batch_size: int = _field(8, accepts="an integer >= 1", ge=1)
+    lora: LoraSpec
+    optimizer: OptimizerSpec
+
+
+class RewardTermSpec(_Strict):
+    kind: Literal["rule"] = _field(accepts='"rule"')
+    weight: float = _field(accepts="a finite number", allow_inf_nan=False)
+    bundle: str = _field(accepts=f'a registry bundle NAME or NAME@VERSION such as "gsm8k/scoring", or one of '
+                                 f'{", ".join(BUILTIN_PREFIX + n for n in BUILTINS)}')
+    module: str = _field("reward", accepts='a Python module name such as "reward"', pattern=_MODULE)
+    function: str = _field("compute_score", accepts='a Python function name such as "compute_score"',
+                           pattern=_IDENTIFIER)
+    name: Text | None = _field(None, accepts="a non-empty string, or null (named after the bundle)")
+
+    @field_validator("bundle")
+    @classmethod
+    def _bundle_form(cls, value: str) -> str:
+        if value.startswith(BUILTIN_PREFIX):
+            if value[len(BUILTIN_PREFIX):] not in BUILTINS:
+                raise ValueError("unknown built-in grader")
+        elif not re.match(REF_PATTERN, value):
+            raise ValueError("not a registry reference")
+        return value
+
+    @property
+    def is_builtin(self) -> bool:
+        return self.bundle.startswith(BUILTIN_PREFIX)
+
+    @property
+    def default_name(self) -> str:
+        """`name`, else the bundle's last path segment without its version ("gsm8k/scoring@3" -> "scoring")."""
+        if self.name:
+            return self.name
+        if self.is_builtin:
+            return self.bundle[len(BUILTIN_PREFIX):]
+        return self.bundle.partition("@")[0].rsplit("/", 1)[-1]
+
+    def grader_ref(self, bundle_dir: str | Path | None = None) -> str:
+        """The `load_grader` reference of this term once its bundle is at `bundle_dir` (ignored for builtins)."""
+        if self.is_builtin:
+            return self.bundle
+        if bundle_dir is None:
+            raise StropError(f"reward term bundle {self.bundle!r} is a registry reference: pass the directory the "
+                             f"registry resolved it to.")
+        return f"{bundle_dir}#{self.module}:{self.function}"
+
+
+class RewardSpec(_Strict):
+    terms: list[RewardTermSpec] = _field(accepts="a non-empty list of reward terms", item="a reward term object",
+                                         min_length=1)
+
+
+class RunConfig(_Strict):
+    dataset: Text = _field(accepts='a registry dataset NAME or NAME@VERSION such as "gsm8k/train", or a file path')
+    method: Literal["grpo"] = _field(accepts='"grpo"')
+    rl_hyperparams: RLHyperparams
+    reward: RewardSpec
+    max_seq_length: int = _field(accepts="an integer > $.config.rlHyperparams.maxCompletionLength", ge=2)
+    eval_every: int | None = _field(None, accepts="an integer >= 1, or null (no evaluation during training)", ge=1)
+
+
+class ExecutionSpec(_Strict):
+    gpus: int = _field(accepts="an integer >= 0", ge=0)
+    save_every: int = _field(accepts="an integer >= 1", ge=1)
+    keep_adapters: int = _field(accepts="an integer >= 1", ge=1)
+
+
+class RunDescriptor(_Strict):
+    kind: Literal["run"] = _field(accepts='"run"')
+    project: Text = _field(accepts="a project name (a non-empty string)")
+    config_name: Text = _field(accepts="a config name (a non-empty string)")
+    base_model: Text = _field(accepts='a base-model id such as "Qwen/Qwen3-0.6B"')
+    config: RunConfig
+    execution: ExecutionSpec
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> RunDescriptor:
+        # validate_descriptor reports these itself (alongside field errors); this keeps model_validate honest.
+        problems = cross_field_problems(self.to_dict())
+        if problems:
+            raise PydanticCustomError("cross_field", "\n".join(problems))
+        return self
+
+    def to_dict(self) -> dict:
+        """The descriptor as JSON-ready data with camelCase names and every default filled in."""
+        return self.model_dump(by_alias=True, mode="json")
+
+    def term_names(self) -> list[str]:
+        """One unique name per reward term, for metrics: `name`, else the bundle's, suffixed when repeated."""
+        names: list[str] = []
+        for term in self.config.reward.terms:
+            n, base = 1, term.default_name
+            while (candidate := base if n == 1 else f"{base}-{n}") in names:
+                n += 1
+            names.append(candidate)
+        return names
+
+    def reward_term_specs(self, grader_refs: list[str]) -> list[dict]:
+        """`[{"name", "weight", "grader"}]` for `to_grpo_config`, given each term's resolved grader reference."""
+        terms = self.config.reward.terms
+        if len(grader_refs) != len(terms):
+            raise StropError(f"the descriptor has {len(terms)} reward terms but {len(grader_refs)} grader "
+                             f"references were given: resolve each term's bundle once, in order.")
+        return [{"name": name, "weight": term.weight, "grader": ref}
+                for name, term, ref in zip(self.term_names(), terms, grader_refs)]
+
+    def to_grpo_config(self, dataset: str, reward_terms: list[dict], **overrides: Any) -> GRPOConfig:
+        """The loop's config: this descriptor's numbers, the resolved dataset path and reward-term specs.
+
+        `overrides` set GRPOConfig fields the descriptor has no place for (seed, system_prompt, ...).
+        """
+        hp, known = self.config.rl_hyperparams, {f.name for f in dataclass_fields(GRPOConfig)}
+        values: dict[str, Any] = dict(
+            base_model=self.base_model, dataset=dataset, reward_terms=list(reward_terms),
+            epochs=hp.epochs, max_steps=hp.max_steps, group_size=hp.group_size, batch_size=hp.batch_size,
+            kl_beta=hp.kl_beta, temperature=hp.temperature, max_completion_length=hp.max_completion_length,
+            lora_rank=hp.lora.rank, lora_alpha=hp.lora.alpha, learning_rate=hp.optimizer.learning_rate,
+            weight_decay=hp.optimizer.weight_decay, grad_clip_norm=hp.optimizer.grad_clip_norm,
+            max_seq_length=self.config.max_seq_length, save_every=self.execution.save_every,
+            keep_adapters=self.execution.keep_adapters,
+        )
+        # Settings the loop may not take yet: passed on when it does, refused (never dropped) when it does not.
+        unsupported = []
+        for name, path, value in (("lora_target_modules", "rlHyperparams.lora.targetModules", hp.lora.target_modules),
+                                  ("eval_every", "evalEvery", self.config.eval_every)):
+            if value is not None and name in known:
+                values[name] = value
+            elif value is not None:
+                unsupported.append(f"$.config.{path}: this version's training loop has no {name} setting; remove it")
+        if unsupported:
+            raise DescriptorError("run descriptor cannot be run:\n  " + "\n  ".join(unsupported), unsupported)
+        wrong = sorted(set(overrides) - known)
+        if wrong:
+            raise StropError(f"unknown training config overrides {wrong}; known fields: {', '.join(sorted(known))}")
+        return GRPOConfig(**{**values, **overrides})
+
+
+# --- validation and its messages -------------------------------------------------------------------------
+
+
+def validate_descriptor(data: object, *, source: str | None = None) -> RunDescriptor:
+    """The checked descriptor, or a DescriptorError listing every problem (`source` names it in the message)."""
+    problems: list[str] = []
+    try:
+        descriptor = RunDescriptor.model_validate(data)
+    except ValidationError as e:
+        descriptor = None
+        problems += [_describe(err) for err in e.errors(include_url=False) if err["type"] != "cross_field"]
+    problems += duplicate_key_problems(data) + cross_field_problems(data)
+    problems = list(dict.fromkeys(problems))  # one report per problem, in order found
+    if problems or descriptor is None:
+        where = f" {source}" if source else ""
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        raise DescriptorError(f"invalid run descriptor{where} ({count}):\n  " + "\n  ".join(problems), problems)
+    return descriptor
+
+
+def load_descriptor(path: str | Path) -> RunDescriptor:
+    """Read and validate a run descriptor file; every way it can be unreadable is a DescriptorError."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DescriptorError(f"run descriptor {path} does not exist: check the path (relative paths start in "
+                              f"{Path.cwd()}).")
+    if path.is_dir():
+        raise DescriptorError(f"run descriptor {path} is a directory: pass the JSON file, e.g. {path / 'run.json'}.")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # -sig: editors that write a byte-order mark still work
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DescriptorError(f"run descriptor {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at line {line}, "
+                              f"column {column}): re-save it as UTF-8.") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_JSONObject.from_pairs)
+    except json.JSONDecodeError as e:
+        raise DescriptorError(f"run descriptor {path} is not valid JSON: {e.msg} at line {e.lineno}, column "
+                              f"{e.colno}.") from None
+    if not isinstance(value, dict):
+        kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
+        raise DescriptorError(f"run descriptor {path} holds a JSON {kind}; it must be one object like "
+                              f'{{"kind": "run", "project": ..., "config": {{...}}, "execution": {{...}}}}.')
+    return validate_descriptor(value, source=str(path))
+
+
+class _JSONObject(dict):
+    """A parsed JSON object that remembers keys given twice (json.loads would silently keep the last)."""
+
+    duplicates: dict
+
+    @classmethod
+    def from_pairs(cls, pairs: list[tuple[str, Any]]) -> _JSONObject:
+        obj, seen = cls(), {}
+        for key, value in pairs:
+            seen.setdefault(key, []).append(value)
+            obj[key] = value
+        obj.duplicates = {k: v for k, v in seen.items() if len(v) > 1}
+        return obj
+
+
+def duplicate_key_problems(data: Any, path: str = "$") -> list[str]:
+    problems = []
+    if isinstance(data, dict):
+        for key, values in getattr(data, "duplicates", {}).items():
+            shown = " and ".join(_show(v) for v in values)
+            problems.append(f"{_join(path, key)}: given {len(values)} times; give it once (got {shown})")
+        for key, value in data.items():
+            problems += duplicate_key_problems(value, _join(path, key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            problems += duplicate_key_problems(value, f"{path}[{i}]")
+    return problems
+
+
+def cross_field_problems(data: Any) -> list[str]:
+    """Problems between fields, checked on raw data so they are reported alongside single-field errors."""
+    problems = []
+    def child(parent: Any, key: str, kind: type) -> Any:
+        value = parent.get(key) if isinstance(parent, dict) else None
+        return value if isinstance(value, kind) else kind()
+
+    config = child(data, "config", dict)
+    hp = child(config, "rlHyperparams", dict)
+    seq, completion = config.get("maxSeqLength"), hp.get("maxCompletionLength")
+    if _is_int(seq, least=2) and _is_int(completion, least=1) and seq <= completion:
+        problems.append(f"$.config.maxSeqLength: must be greater than $.config.rlHyperparams.maxCompletionLength "
+                        f"({completion}) to leave room for the prompt (got {seq})")
+    terms = child(child(config, "reward", dict), "terms", list)
+    first_use: dict[str, int] = {}
+    for i, term in enumerate(terms):
+        name = term.get("name") if isinstance(term, dict) else None
+        if isinstance(name, str) and name.strip():
+            if name in first_use:
+                problems.append(f"$.config.reward.terms[{i}].name: must be unique among the reward terms; "
+                                f"terms[{first_use[name]}] is already named {_show(name)}")
+            first_use.setdefault(name, i)
+    return problems
+
+
+def _describe(error: dict) -> str:
+    loc, kind = tuple(error["loc"]), error["type"]
+    path = _path(loc)
+    if kind == "extra_forbidden":
+        return _unknown_field(loc, path)
+    info, model, in_item = _locate(loc)
+    extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
+    if model is not None and (kind in ("model_type", "model_attributes_type", "dict_type") or "accepts" not in extra):
+        accepts = f"an object with fields {_field_list(model)}"
+    elif in_item and extra.get("item"):
+        accepts = extra["item"]
+    elif extra.get("accepts"):
+        accepts = extra["accepts"]
+    else:  # not expected: every field has an `accepts`; fall back to pydantic's own words
+        accepts = error["msg"][0].lower() + error["msg"][1:]
+    given = "missing" if kind == "missing" else f"got {_show(error.get('input'))}"
+    return f"{path}: must be {accepts} ({given})"
+
+
+def _unknown_field(loc: tuple, path: str) -> str:
+    key = str(loc[-1])
+    _, model, _ = _locate(loc[:-1])
+    known = [f.alias or name for name, f in model.model_fields.items()] if model else []
+    message = f"{path}: unknown field; known fields here: {', '.join(known)}"
+    squash = {k.lower().replace("_", "").replace("-", ""): k for k in known}
+    close = squash.get(key.lower().replace("_", "").replace("-", "")) or next(
+        iter(difflib.get_close_matches(key, known, n=1, cutoff=0.75)), None)
+    if close:
+        return f"{message} (did you mean {close!r}?)"
+    # A right name in the wrong object, e.g. learningRate directly under rlHyperparams.
+    elsewhere = [p for p in _all_paths() if p.rsplit(".", 1)[-1].lower() == key.lower()]
+    if elsewhere:
+        return f"{message} ({key!r} belongs at {elsewhere[0]})"
+    return message
+
+
+def _locate(loc: tuple) -> tuple[Any, type[BaseModel] | None, bool]:
+    """For an error location: the last named field's FieldInfo, the model the location ends in, and whether
+    it ends inside a list item."""
+    annotation: Any = RunDescriptor
+    info, in_item = None, False
+    for part in loc:
+        if isinstance(part, int):
+            annotation, in_item = _item_type(annotation), True
+            continue
+        model = _model_of(annotation)
+        found = next((f for name, f in (model.model_fields.items() if model else ())
+                      if (f.alias or name) == part), None)
+        if found is None:
+            return None, None, False
+        info, annotation, in_item = found, found.annotation, False
+    return info, _model_of(annotation), in_item
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    for candidate in (annotation, *typing.get_args(annotation)):  # Model or Model | None
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _item_type(annotation: Any) -> Any:
+    for candidate in (annotation, *typing.get_args(annotation)):  # list[X] or list[X] | None
+        if typing.get_origin(candidate) is list:
+            return typing.get_args(candidate)[0]
+    return None
+
+
+def _field_list(model: type[BaseModel]) -> str:
+    return ", ".join(f"{f.alias or name}{'' if f.is_required() else ' (optional)'}"
+                     for name, f in model.model_fields.items())
+
+
+def _all_paths(model: type[BaseModel] = RunDescriptor, prefix: str = "$") -> list[str]:
+    paths = []
+    for name, f in model.model_fields.items():
+        path = f"{prefix}.{f.alias or name}"
+        paths.append(path)
+        inner = _model_of(f.annotation) or _model_of(_item_type(f.annotation))
+        if inner:
+            paths += _all_paths(inner, path + ("[]" if _item_type(f.annotation) else ""))
+    return paths
+
+
+def _path(loc: tuple) -> str:
+    path = "$"
+    for part in loc:
+        path = f"{path}[{part}]" if isinstance(part, int) else _join(path, part)
+    return path
+
+
+def _join(path: str, key: Any) -> str:
+    key = str(key)
+    # Keys that are not plain names are quoted so the path still reads unambiguously.
+    return f"{path}.{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key) else f"{path}[{json.dumps(key)}]"
+
+
+def _show(value: Any) -> str:
+    """A given value as the person wrote it in JSON ("8" stays quoted, True is true), shortened."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def _is_int(value: Any, *, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+__all__ = ["DescriptorError", "RunDescriptor", "RunConfig", "RLHyperparams", "LoraSpec", "OptimizerSpec",
+           "RewardSpec", "RewardTermSpec", "ExecutionSpec", "validate_descriptor", "load_descriptor"]

@@ -1,0 +1,275 @@
+"""strop.control.descriptor: seed 003's run.json validates and maps to the loop's config; mistakes are all
+reported at once, each with its JSON path, what is accepted and what was given."""
+
+import copy
+import json
+
+import pytest
+
+from strop.control import DescriptorError, RunDescriptor, load_descriptor, validate_descriptor
+from strop.errors import StropError
+from strop.rl.config import GRPOConfig
+
+# Seed 003's descriptor, character for character.
+SEED_003 = """{
+  "kind": "run",
+  "project": "gsm8k",
+  "configName": "grpo-100-steps",
+  "baseModel": "Qwen/Qwen3-0.6B",
+  "config": {
+    "dataset": "gsm8k/train",
+    "method": "grpo",
+    "rlHyperparams": {
+      "epochs": 1,
+      "maxSteps": 100,
+      "groupSize": 8,
+      "klBeta": 0.001,
+      "temperature": 1.0,
+      "maxCompletionLength": 512,
+      "lora": {
+        "rank": 32
+      },
+      "optimizer": {
+        "learningRate": 1e-5
+      }
+    },
+    "reward": {
+      "terms": [
+        {"kind": "rule", "weight": 1.0, "bundle": "gsm8k/scoring", "module": "reward"}
+      ]
+    },
+    "maxSeqLength": 1536
+  },
+  "execution": {"gpus": 1, "saveEvery": 10, "keepAdapters": 4}
+}"""
+
+
+def seed() -> dict:
+    return json.loads(SEED_003)
+
+
+def problems(data) -> list[str]:
+    with pytest.raises(DescriptorError) as caught:
+        validate_descriptor(data)
+    assert isinstance(caught.value, StropError)
+    # The message carries the same lines as .problems, one per line after the header.
+    assert str(caught.value).splitlines()[1:] == ["  " + p for p in caught.value.problems]
+    return caught.value.problems
+
+
+def test_seed_003_validates_and_maps_to_the_same_numbers(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(SEED_003)
+    run = load_descriptor(path)
+    assert (run.kind, run.project, run.config_name, run.base_model) == ("run", "gsm8k", "grpo-100-steps",
+                                                                        "Qwen/Qwen3-0.6B")
+    term = run.config.reward.terms[0]
+    assert (term.kind, term.weight, term.bundle, term.module, term.function) == (
+        "rule", 1.0, "gsm8k/scoring", "reward", "compute_score")
+    assert run.term_names() == ["scoring"]
+
+    refs = [t.grader_ref("/pinned/bundle") for t in run.config.reward.terms]
+    assert refs == ["/pinned/bundle#reward:compute_score"]
+    config = run.to_grpo_config("/pinned/train.jsonl", run.reward_term_specs(refs))
+    assert isinstance(config, GRPOConfig)
+    assert (config.base_model, config.dataset) == ("Qwen/Qwen3-0.6B", "/pinned/train.jsonl")
+    assert config.reward_terms == [{"name": "scoring", "weight": 1.0, "grader": "/pinned/bundle#reward:compute_score"}]
+    assert (config.epochs, config.max_steps, config.group_size, config.batch_size) == (1, 100, 8, 8)
+    assert (config.kl_beta, config.temperature, config.max_completion_length) == (0.001, 1.0, 512)
+    assert (config.lora_rank, config.lora_alpha, config.learning_rate) == (32, None, 1e-5)
+    assert (config.weight_decay, config.grad_clip_norm, config.max_seq_length) == (0.0, 1.0, 1536)
+    assert (config.save_every, config.keep_adapters) == (10, 4)
+
+
+def test_defaults_are_written_back_and_round_trip():
+    run = validate_descriptor(seed())
+    data = run.to_dict()
+    assert data["config"]["rlHyperparams"]["batchSize"] == 8
+    assert data["config"]["rlHyperparams"]["optimizer"] == {"learningRate": 1e-5, "weightDecay": 0.0,
+                                                            "gradClipNorm": 1.0}
+    assert data["config"]["evalEvery"] is None
+    assert validate_descriptor(data) == run
+
+
+def test_three_mistakes_are_reported_together_with_their_paths():
+    data = seed()
+    hp = data["config"]["rlHyperparams"]
+    hp["maxSteps"] = "100"                                     # a wrong type: no silent "100" -> 100
+    hp["groupSize"] = 1                                        # out of range
+    hp["optimizer"]["learningrate"] = hp["optimizer"].pop("learningRate")   # a typo: unknown, and required missing
+    found = problems(data)
+    assert "$.config.rlHyperparams.maxSteps: must be an integer >= 1 (got \"100\")" in found
+    assert "$.config.rlHyperparams.groupSize: must be an integer >= 2 (got 1)" in found
+    unknown = [p for p in found if p.startswith("$.config.rlHyperparams.optimizer.learningrate: unknown field")]
+    assert unknown and "known fields here: learningRate, weightDecay, gradClipNorm" in unknown[0]
+    assert "did you mean 'learningRate'?" in unknown[0]
+    assert ("$.config.rlHyperparams.optimizer.learningRate: must be a number between 0 and 1 (exclusive) "
+            "(missing)") in found
+    assert len(found) == 4
+
+
+def test_strict_types_no_coercion():
+    cases = [
+        (("execution", "gpus"), True, "$.execution.gpus: must be an integer >= 0 (got true)"),
+        (("execution", "saveEvery"), 10.0, "$.execution.saveEvery: must be an integer >= 1 (got 10.0)"),
+        (("config", "rlHyperparams", "temperature"), "1.0",
+         '$.config.rlHyperparams.temperature: must be a number > 0 (got "1.0")'),
+        (("config", "rlHyperparams", "klBeta"), float("nan"),
+         "$.config.rlHyperparams.klBeta: must be a number >= 0 (got NaN)"),
+        (("config", "method"), "ppo", '$.config.method: must be "grpo" (got "ppo")'),
+        (("kind",), "Run", '$.kind: must be "run" (got "Run")'),
+        (("project",), "  ", "$.project: must be a project name (a non-empty string) (got \"  \")"),
+        (("config", "dataset"), 7, "$.config.dataset: must be a registry dataset NAME or NAME@VERSION such as "
+                                   "\"gsm8k/train\", or a file path (got 7)"),
+    ]
+    for keys, value, expected in cases:
+        data = seed()
+        target = data
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+        assert problems(data) == [expected]
+
+
+def test_integers_are_accepted_where_numbers_are():
+    data = seed()
+    data["config"]["rlHyperparams"]["temperature"] = 1
+    data["config"]["reward"]["terms"][0]["weight"] = 2
+    run = validate_descriptor(data)
+    assert run.config.rl_hyperparams.temperature == 1.0 and run.config.reward.terms[0].weight == 2.0
+
+
+def test_cross_field_and_nested_problems_come_with_the_others():
+    data = seed()
+    data["config"]["maxSeqLength"] = 512
+    data["config"]["rlHyperparams"]["lora"] = 32
+    data["config"]["reward"]["terms"].append({"kind": "rule", "weight": 0.5, "bundle": "builtin:gsm8k",
+                                              "name": "scoring"})
+    data["config"]["reward"]["terms"].append({"kind": "rule", "weight": 0.5, "bundle": "builtin:gsm8k",
+                                              "name": "scoring"})
+    data["config"]["reward"]["terms"][0]["name"] = "scoring"
+    data["execution"]["gpu"] = 1
+    found = problems(data)
+    assert ("$.config.rlHyperparams.lora: must be an object with fields rank, alpha (optional), targetModules "
+            "(optional) (got 32)") in found
+    assert any(p.startswith("$.execution.gpu: unknown field; known fields here: gpus, saveEvery, keepAdapters")
+               and "did you mean 'gpus'?" in p for p in found)
+    assert ("$.config.maxSeqLength: must be greater than $.config.rlHyperparams.maxCompletionLength (512) to "
+            "leave room for the prompt (got 512)") in found
+    assert any(p.startswith("$.config.reward.terms[1].name: must be unique") for p in found)
+    assert any(p.startswith("$.config.reward.terms[2].name: must be unique") for p in found)
+    assert len(found) == 5
+
+
+def test_a_cross_field_problem_alone_is_still_reported():
+    data = seed()
+    data["config"]["maxSeqLength"] = 100
+    assert problems(data) == ["$.config.maxSeqLength: must be greater than $.config.rlHyperparams."
+                              "maxCompletionLength (512) to leave room for the prompt (got 100)"]
+
+
+def test_a_field_in_the_wrong_object_says_where_it_belongs():
+    data = seed()
+    data["config"]["rlHyperparams"]["learningRate"] = 1e-5
+    [found] = problems(data)
+    assert found.startswith("$.config.rlHyperparams.learningRate: unknown field")
+    assert "belongs at $.config.rlHyperparams.optimizer.learningRate" in found
+
+
+def test_missing_sections_and_bad_terms():
+    data = seed()
+    del data["execution"]
+    data["config"]["reward"]["terms"] = []
+    found = problems(data)
+    assert "$.config.reward.terms: must be a non-empty list of reward terms (got [])" in found
+    assert any(p.startswith("$.execution: must be an object with fields gpus, saveEvery, keepAdapters (missing)")
+               for p in found)
+
+    data = seed()
+    data["config"]["reward"]["terms"] = [5, {"kind": "rule", "weight": 1.0, "bundle": "builtin:nope"},
+                                         {"kind": "rule", "weight": 1.0, "bundle": "gsm8k/scoring@3",
+                                          "module": "re-ward"}]
+    found = problems(data)
+    assert found[0].startswith("$.config.reward.terms[0]: must be an object with fields kind, weight, bundle")
+    assert found[1].startswith("$.config.reward.terms[1].bundle: must be a registry bundle NAME or NAME@VERSION")
+    assert found[1].endswith('(got "builtin:nope")')
+    assert found[2] == '$.config.reward.terms[2].module: must be a Python module name such as "reward" (got "re-ward")'
+
+
+def test_optional_fields_and_builtin_bundles():
+    data = seed()
+    hp = data["config"]["rlHyperparams"]
+    hp.update(batchSize=4)
+    hp["lora"].update(alpha=64, targetModules=["q_proj", "v_proj"])
+    hp["optimizer"].update(weightDecay=0.01, gradClipNorm=0)
+    data["config"]["reward"]["terms"].append({"kind": "rule", "weight": 0.1, "bundle": "builtin:gsm8k-format"})
+    data["config"]["reward"]["terms"].append({"kind": "rule", "weight": 0.1, "bundle": "other/scoring"})
+    run = validate_descriptor(data)
+    assert run.term_names() == ["scoring", "gsm8k-format", "scoring-2"]
+    assert run.config.reward.terms[1].grader_ref() == "builtin:gsm8k-format"
+    with pytest.raises(StropError, match="registry reference"):
+        run.config.reward.terms[0].grader_ref()
+    with pytest.raises(StropError, match="3 reward terms but 1"):
+        run.reward_term_specs(["x"])
+
+    bad = copy.deepcopy(data)
+    bad["config"]["rlHyperparams"]["lora"]["targetModules"] = ["q_proj", 3]
+    assert problems(bad) == ["$.config.rlHyperparams.lora.targetModules[1]: must be a module name (a non-empty "
+                             "string) (got 3)"]
+
+
+def test_settings_the_loop_cannot_take_are_refused_not_dropped():
+    data = seed()
+    data["config"]["evalEvery"] = 10
+    run = validate_descriptor(data)
+    specs = [{"name": "correct", "weight": 1.0, "grader": "builtin:gsm8k"}]
+    if "eval_every" in GRPOConfig.help():
+        assert run.to_grpo_config("x.jsonl", specs).eval_every == 10
+    else:
+        with pytest.raises(DescriptorError, match=r"\$\.config\.evalEvery: this version's training loop"):
+            run.to_grpo_config("x.jsonl", specs)
+    plain = validate_descriptor(seed())
+    assert plain.to_grpo_config("x.jsonl", specs, seed=3, system_prompt="Answer with #### N.").seed == 3
+    with pytest.raises(StropError, match="unknown training config overrides"):
+        plain.to_grpo_config("x.jsonl", specs, sead=3)
+
+
+def test_model_validate_also_runs_the_cross_field_checks():
+    data = seed()
+    data["config"]["maxSeqLength"] = 512
+    with pytest.raises(Exception, match="maxSeqLength"):
+        RunDescriptor.model_validate(data)
+
+
+def test_top_level_must_be_an_object():
+    [found] = problems([1, 2])
+    assert found.startswith("$: must be an object with fields kind, project, configName")
+
+
+def test_load_descriptor_file_problems(tmp_path):
+    with pytest.raises(DescriptorError, match="does not exist"):
+        load_descriptor(tmp_path / "missing.json")
+    with pytest.raises(DescriptorError, match="is a directory"):
+        load_descriptor(tmp_path)
+
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{\n  "project": "caf\xe9"\n}')
+    with pytest.raises(DescriptorError, match=r"not UTF-8 text \(byte 0xe9 at line 2, column 18\)"):
+        load_descriptor(latin)
+
+    broken = tmp_path / "broken.json"
+    broken.write_text(SEED_003.replace('"maxSteps": 100,', '"maxSteps": 100'))
+    with pytest.raises(DescriptorError, match=r"not valid JSON: Expecting ',' delimiter at line 12, column 7"):
+        load_descriptor(broken)
+
+    array = tmp_path / "array.json"
+    array.write_text("[]")
+    with pytest.raises(DescriptorError, match="holds a JSON array; it must be one object"):
+        load_descriptor(array)
+
+    twice = tmp_path / "twice.json"
+    twice.write_text(SEED_003.replace('"groupSize": 8,', '"groupSize": 4, "groupSize": 8,'))
+    with pytest.raises(DescriptorError) as caught:
+        load_descriptor(twice)
+    assert caught.value.problems == ["$.config.rlHyperparams.groupSize: given 2 times; give it once (got 4 and 8)"]
+    assert str(twice) in str(caught.value).splitlines()[0]
