@@ -28,20 +28,24 @@ def register(nouns) -> None:
 
 
 def list_models(args) -> int:
+    from strop.control.base_models import selected
     from strop.models import list_models as catalog
-    rows = catalog()
+    chosen = selected()
+    rows = [{**m, "selected": m["model_id"] in chosen} for m in catalog()]
     emit(args, rows, lambda rs: format_table(rs, [("model_id", "MODEL"), ("params", "PARAMS"), ("family", "FAMILY"),
-                                                   ("cached", "CACHED"), ("description", "DESCRIPTION")]))
+                                                   ("cached", "CACHED"), ("selected", "SELECTED"),
+                                                   ("description", "DESCRIPTION")]))
     return 0
 
 
 def select_model(args) -> int:
     import time
 
-    from strop.models import select_model as select
+    from strop.control.base_models import select
     start = time.perf_counter()
     note(f"selecting {args.repo} ...")
-    path = select(args.repo)
-    result = {"model_id": args.repo, "path": str(path), "ready": True, "seconds": round(time.perf_counter() - start, 2)}
+    chosen = select(args.repo)
+    result = {"model_id": args.repo, "path": chosen["path"], "ready": True,
+              "seconds": round(time.perf_counter() - start, 2)}
     emit(args, result, lambda r: f"{r['model_id']} is ready at {r['path']}")
     return 0

@@ -17,7 +17,7 @@ from strop.errors import StropError
 
 def build_parser() -> argparse.ArgumentParser:
     from strop import __version__
-    from strop.cli import base_models, train
+    from strop.cli import base_models, projects, registry, runs, train
 
     parser = argparse.ArgumentParser(
         prog="strop",
@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Start with: strop base-models list, then strop train --help.")
     parser.add_argument("--version", action="version", version=f"strop {__version__}")
     nouns = parser.add_subparsers(dest="noun", metavar="COMMAND", required=True)
+    registry.register(nouns)
+    projects.register(nouns)
+    runs.register(nouns)
     base_models.register(nouns)
     train.register(nouns)
     return parser
@@ -43,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("strop: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `strop ... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

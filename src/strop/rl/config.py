@@ -40,6 +40,7 @@ class GRPOConfig:
     grad_clip_norm: float = _help("clip the gradient to this global norm (0: no clipping)", 1.0)
     lora_rank: int = _help("LoRA rank", 32)
     lora_alpha: float | None = _help("LoRA alpha (None: equal to the rank, a scale of 1)", None)
+    lora_target_modules: list | None = _help("module names LoRA adapts (None: every attention and MLP projection)", None)
     temperature: float = _help("sampling temperature; logprobs are exact behaviour-policy logprobs only at 1.0", 1.0)
     top_p: float = _help("nucleus sampling mass", 1.0)
     max_completion_length: int = _help("most tokens per completion", 256)

@@ -147,6 +147,7 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
     service = service or ServiceClient(sampler_dtype=config.sampler_dtype)
     training = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
                                                    alpha=config.lora_alpha, seed=config.seed,
+                                                   target_modules=config.lora_target_modules,
                                                    compute_dtype=config.compute_dtype)
     tokenizer = training.get_tokenizer()
     from strop import model_info

@@ -1,0 +1,146 @@
+"""`strop runs start|wait|get|list|cancel|resume|metrics|tensorboard`: runs in the background."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from strop.cli.output import add_output_flags, emit, format_table, note
+
+METRIC_COLUMNS = [("step", "STEP"), ("zeroVarianceGroups", "ZERO-VAR"), ("reward", "REWARD"), ("rewardStd", "STD"),
+                  ("klSampleTrain", "KL(S|T)"), ("entropy", "ENTROPY"), ("completionLength", "LENGTH"),
+                  ("clippedFraction", "CLIPPED"), ("rewardErrors", "ERRORS"), ("stepSeconds", "SECONDS")]
+
+
+def register(nouns) -> None:
+    parser = nouns.add_parser("runs", help="start training runs from a descriptor and follow them",
+                              description="Training runs. `start` validates a run descriptor (seed 003's run.json), "
+                                          "pins the exact dataset and bundle versions, and trains in a background "
+                                          "worker; the other verbs follow and control it.")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    def verb(name, help_, example, handler, run_arg=True):
+        p = verbs.add_parser(name, help=help_, description=help_, epilog=f"example:\n  {example}",
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        if run_arg:
+            p.add_argument("run", metavar="RUN", help="a run id, e.g. run-3f9a1c2e")
+        add_output_flags(p)
+        p.set_defaults(handler=handler)
+        return p
+
+    start = verb("start", "validate, admit and start a run (prints its runId)",
+                 "RUN=$(strop runs start -f run.json -o json --jq .runId)", _start, run_arg=False)
+    start.add_argument("-f", "--file", required=True, help="the run descriptor (JSON)")
+    start.add_argument("--dry-run", action="store_true", help="validate and check admission only; start nothing")
+    wait = verb("wait", "wait until the run finishes, showing its progress", 'strop runs wait "$RUN" --exit-status', _wait)
+    wait.add_argument("--exit-status", action="store_true", help="exit 0 only if the run succeeded")
+    wait.add_argument("--timeout", type=float, help="give up after this many seconds")
+    verb("get", "show a run: status, step, modelId, pinned versions, timings", 'strop runs get "$RUN" -o json --jq .modelId',
+         _get)
+    ls = verb("list", "list runs, newest first", "strop runs list --project gsm8k", _list, run_arg=False)
+    ls.add_argument("--project", help="only this project's runs")
+    verb("cancel", "stop a running run (it keeps its checkpoints)", 'strop runs cancel "$RUN"', _cancel)
+    verb("resume", "continue a failed or cancelled run from its last checkpoint", 'strop runs resume "$RUN"', _resume)
+    verb("metrics", "the per-step metrics table (zeroVarianceGroups first, then reward)", 'strop runs metrics "$RUN"',
+         _metrics)
+    tb = verb("tensorboard", "serve the run's TensorBoard event files", 'strop runs tensorboard "$RUN" --port 6006',
+              _tensorboard)
+    tb.add_argument("--print-logdir", action="store_true", help="print the event folder and exit")
+    tb.add_argument("--port", type=int, default=6006, help="port on 127.0.0.1 (default: %(default)s)")
+
+
+def _show(r: dict) -> str:
+    lines = [f"run: {r['runId']}  ({r['project']} / {r['configName']})", f"status: {r['status']}",
+             f"step: {r['step']}" + (f" of {r['maxSteps']}" if r.get("maxSteps") else ""),
+             f"base model: {r['baseModel']}", f"model: {r['modelId'] or '-'}"]
+    pinned = r.get("pinned") or {}
+    if "dataset" in pinned:
+        lines.append(f"dataset: {pinned['dataset']['ref']}")
+    for term in pinned.get("terms", []):
+        lines.append(f"reward term {term['name']}: {term.get('bundle') or term.get('builtin')} x {term['weight']}")
+    if r.get("workerPid"):
+        lines.append(f"worker pid: {r['workerPid']}")
+    if r.get("seconds") is not None:
+        lines.append(f"seconds: {r['seconds']}")
+    if r.get("error"):
+        lines.append(f"error: {r['error']}")
+    lines.append(f"folder: {r['runDir']}")
+    return "\n".join(lines)
+
+
+def _start(args) -> int:
+    from strop.control import runs
+    result = runs.start(args.file, dry_run=args.dry_run)
+    if args.dry_run:
+        emit(args, result, lambda r: f"descriptor is valid and admissible: dataset {r['pinned']['dataset']['ref']}, "
+                                     f"{len(r['pinned']['terms'])} reward term(s), base model {r['pinned']['baseModel']['id']}")
+    else:
+        emit(args, result, lambda r: r["runId"])
+    return 0
+
+
+def _wait(args) -> int:
+    from strop.control import runs
+    last = {}
+
+    def show(info):
+        if sys.stderr.isatty() or info["step"] != last.get("step") or info["status"] != last.get("status"):
+            total = f"/{info['maxSteps']}" if info.get("maxSteps") else ""
+            note(f"{info['runId']}: {info['status']}, step {info['step']}{total}")
+        last.update(info)
+
+    info = runs.wait(args.run, timeout=args.timeout, on_poll=show)
+    emit(args, info, _show)
+    return 0 if (info["status"] == "succeeded" or not args.exit_status) else 1
+
+
+def _get(args) -> int:
+    from strop.control import runs
+    emit(args, runs.get(args.run), _show)
+    return 0
+
+
+def _list(args) -> int:
+    from strop.control import runs
+    emit(args, runs.list_runs(args.project), lambda rs: format_table(rs, [
+        ("runId", "RUN"), ("project", "PROJECT"), ("configName", "CONFIG"), ("status", "STATUS"), ("step", "STEP"),
+        ("modelId", "MODEL"), ("createdAt", "CREATED")]))
+    return 0
+
+
+def _cancel(args) -> int:
+    from strop.control import runs
+    emit(args, runs.cancel(args.run), _show)
+    return 0
+
+
+def _resume(args) -> int:
+    from strop.control import runs
+    emit(args, runs.resume(args.run), lambda r: f"{r['runId']} resumed (worker {r['workerPid']})")
+    return 0
+
+
+def _metrics(args) -> int:
+    from strop.control import runs
+    rows = runs.metrics(args.run)
+
+    def table(rs):
+        terms = sorted({k for r in rs for k in r if k.startswith("reward/")})
+        cols = METRIC_COLUMNS[:3] + [(t, t.upper()) for t in terms] + METRIC_COLUMNS[3:]
+        return format_table(rs, cols) if rs else "no steps recorded yet"
+    emit(args, rows, table)
+    return 0
+
+
+def _tensorboard(args) -> int:
+    import subprocess
+
+    from strop.control import runs
+    runs.get(args.run)  # a clear error for an unknown run
+    logdir = runs.run_dir(args.run) / "events"
+    if args.print_logdir:
+        emit(args, {"logdir": str(logdir)}, lambda r: r["logdir"])
+        return 0
+    note(f"TensorBoard on http://127.0.0.1:{args.port}/ (Ctrl-C stops it)")
+    return subprocess.call([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+                            "--port", str(args.port)])

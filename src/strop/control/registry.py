@@ -1,0 +1,177 @@
+"""The registry: datasets and scoring bundles as named, immutable, numbered versions.
+
+    from strop.control import registry
+    registry.register_dataset("gsm8k/train", "data/train.jsonl")     # {'name': ..., 'version': 1, 'created': True}
+    registry.register_dataset("gsm8k/train", "data/train.jsonl")     # same content: the same version, created False
+    path, version = registry.dataset_file("gsm8k/train@1")            # the stored file, checked against its sha256
+
+A reference is `NAME` (the latest version) or `NAME@VERSION`. Content is stored once under
+$STROP_HOME/artifacts by sha256; the database keeps names, versions and sums. Registering content that an
+existing version already holds returns that version, so a walkthrough can register on every pass.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from strop.errors import StropError
+from strop.store import artifacts, open_store, session_scope
+from strop.store.schema import Bundle, BundleVersion, Dataset, DatasetVersion
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+
+
+class RegistryError(StropError):
+    """A registry name, reference or content was refused."""
+
+
+def check_name(name: str, kind: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name) or name.endswith("/") or "//" in name:
+        raise RegistryError(f"{kind} name {name!r} is not allowed: use letters, digits, '.', '_', '-' and '/' "
+                            f"(e.g. gsm8k/train), starting with a letter or digit")
+    return name
+
+
+def parse_ref(ref: str, kind: str) -> tuple[str, int | None]:
+    """'NAME' -> (NAME, None); 'NAME@3' -> (NAME, 3)."""
+    name, at, version = str(ref).partition("@")
+    check_name(name, kind)
+    if not at:
+        return name, None
+    if not version.isdigit() or int(version) < 1:
+        raise RegistryError(f"{kind} reference {ref!r}: the part after '@' must be a version number >= 1, e.g. {name}@1")
+    return name, int(version)
+
+
+# ---- datasets ---------------------------------------------------------------------------------------------
+
+def register_dataset(name: str, file: str | Path) -> dict:
+    """Validate every row of `file` (errors name the line), then store it as a new version unless its content
+    is already a version of `name`."""
+    from strop.data import load_rows
+    check_name(name, "dataset")
+    rows = load_rows(str(file))  # raises DatasetError with line numbers; nothing is stored before this passes
+    sha = artifacts.put_file(file)
+    return _register(Dataset, DatasetVersion, "dataset_id", name, sha, source=str(Path(file).resolve()),
+                     row_count=len(rows), info={"fields": sorted({"question", "answer", *rows[0].extra})})
+
+
+def list_datasets() -> list[dict]:
+    return _list(Dataset, DatasetVersion, "dataset_id")
+
+
+def get_dataset(ref: str) -> dict:
+    return _get(Dataset, DatasetVersion, "dataset_id", ref, "dataset")
+
+
+def dataset_file(ref: str) -> tuple[Path, dict]:
+    """The stored file of a dataset version (its sha256 is checked) and the version's record."""
+    version = get_dataset(ref)
+    return artifacts.path_of(version["sha256"]), version
+
+
+# ---- bundles ----------------------------------------------------------------------------------------------
+
+def register_bundle(name: str, directory: str | Path, module: str = "reward", function: str = "compute_score") -> dict:
+    """Snapshot a bundle directory after checking, in a fresh interpreter, that `module` imports and
+    `function` has the compute_score signature."""
+    from strop.scoring import check_bundle
+    check_name(name, "bundle")
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise RegistryError(f"bundle directory {directory} does not exist or is not a directory; pass the folder "
+                            f"that holds {module}.py, e.g. -f scoring/")
+    problem = check_bundle(directory, module, function)
+    if problem:
+        raise RegistryError(f"bundle {name!r} from {directory} was not registered: {problem}")
+    sha = artifacts.put_dir(directory)
+    files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*.py") if "__pycache__" not in p.parts)
+    return _register(Bundle, BundleVersion, "bundle_id", name, sha, source=str(directory.resolve()),
+                     info={"files": files, "checked": f"{module}:{function}"})
+
+
+def list_bundles() -> list[dict]:
+    return _list(Bundle, BundleVersion, "bundle_id")
+
+
+def get_bundle(ref: str) -> dict:
+    return _get(Bundle, BundleVersion, "bundle_id", ref, "bundle")
+
+
+def bundle_dir(ref: str) -> tuple[Path, dict]:
+    """A folder holding the bundle version's files, extracted once per sha256 under $STROP_HOME/bundles."""
+    from strop.paths import strop_home
+    version = get_bundle(ref)
+    dest = strop_home() / "bundles" / version["sha256"]
+    if not dest.exists():
+        artifacts.extract_dir(version["sha256"], dest)
+    return dest, version
+
+
+# ---- shared ----------------------------------------------------------------------------------------------
+
+def _register(parent_cls, version_cls, fk: str, name: str, sha: str, **fields) -> dict:
+    engine = open_store()
+    for _ in range(5):  # two registrations racing for the same next version number: the loser retries
+        try:
+            with session_scope(engine) as s:
+                parent = s.scalar(select(parent_cls).where(parent_cls.name == name))
+                if parent is None:
+                    parent = parent_cls(name=name)
+                    s.add(parent)
+                    s.flush()
+                same = s.scalar(select(version_cls).where(getattr(version_cls, fk) == parent.id,
+                                                          version_cls.sha256 == sha))
+                if same is not None:
+                    return {**_version_dict(name, same), "created": False}
+                latest = s.scalar(select(func.max(version_cls.version)).where(getattr(version_cls, fk) == parent.id))
+                version = version_cls(**{fk: parent.id}, version=(latest or 0) + 1, sha256=sha, **fields)
+                s.add(version)
+                s.flush()
+                return {**_version_dict(name, version), "created": True}
+        except IntegrityError:
+            continue
+    raise RegistryError(f"could not register {name!r}: other registrations kept taking its next version; try again")
+
+
+def _version_dict(name: str, v) -> dict:
+    out = {"name": name, "version": v.version, "ref": f"{name}@{v.version}", "sha256": v.sha256,
+           "source": v.source, "info": v.info, "createdAt": v.created_at.isoformat()}
+    if hasattr(v, "row_count"):
+        out["rows"] = v.row_count
+    return out
+
+
+def _list(parent_cls, version_cls, fk: str) -> list[dict]:
+    with session_scope(open_store(), read_only=True) as s:
+        out = []
+        for parent in s.scalars(select(parent_cls).order_by(parent_cls.name)):
+            versions = s.scalars(select(version_cls).where(getattr(version_cls, fk) == parent.id)
+                                 .order_by(version_cls.version)).all()
+            latest = _version_dict(parent.name, versions[-1]) if versions else {}
+            out.append({"name": parent.name, "latestVersion": latest.get("version"), "versions": len(versions),
+                        **({"rows": latest["rows"]} if "rows" in latest else {}),
+                        "createdAt": parent.created_at.isoformat()})
+        return out
+
+
+def _get(parent_cls, version_cls, fk: str, ref: str, kind: str) -> dict:
+    name, number = parse_ref(ref, kind)
+    with session_scope(open_store(), read_only=True) as s:
+        parent = s.scalar(select(parent_cls).where(parent_cls.name == name))
+        if parent is None:
+            known = s.scalars(select(parent_cls.name).order_by(parent_cls.name)).all()
+            raise RegistryError(f"no {kind} named {name!r} in the registry; register it with "
+                                f"`strop registry {kind}s register {name} -f ...`"
+                                + (f" (registered: {', '.join(known[:10])})" if known else ""))
+        query = select(version_cls).where(getattr(version_cls, fk) == parent.id)
+        query = query.where(version_cls.version == number) if number else query.order_by(version_cls.version.desc())
+        version = s.scalars(query).first()
+        if version is None:
+            count = s.scalar(select(func.count()).select_from(version_cls).where(getattr(version_cls, fk) == parent.id))
+            raise RegistryError(f"{kind} {name!r} has no version {number}; it has versions 1..{count}")
+        return _version_dict(name, version)

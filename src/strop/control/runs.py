@@ -1,0 +1,221 @@
+"""Runs: a descriptor admitted against the store, then trained by a background worker process.
+
+    from strop.control import runs
+    plan = runs.start("run.json", dry_run=True)       # validation + admission only: what would be pinned
+    run = runs.start("run.json")                      # {'runId': 'run-3f9a1c2e', 'status': 'pending', ...}
+    runs.wait(run["runId"])                           # polls until succeeded, failed or cancelled
+
+Admission pins exact versions (dataset, each bundle, the base model's folder) in the run record, so
+registering new versions later never changes accepted work. The worker (`python -m strop.control.worker RUN`)
+writes plain files in $STROP_HOME/runs/RUN and mirrors each metrics row and checkpoint into the store. A worker
+that dies without saying so is noticed the next time anyone reads the run: it is marked failed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+
+from strop.control import base_models, projects, registry
+from strop.control.descriptor import RunDescriptor, load_descriptor
+from strop.errors import StropError
+from strop.paths import runs_dir
+from strop.store import open_store, session_scope
+from strop.store.schema import FINISHED_STATUSES, Project, Run, RunStep, utcnow
+
+
+class RunError(StropError):
+    """A run could not be admitted, found or controlled."""
+
+
+def run_dir(run_id: str) -> Path:
+    return runs_dir() / run_id
+
+
+def admit(descriptor: RunDescriptor) -> dict:
+    """Check everything the run needs exists, and pin it: the returned dict goes into the run record."""
+    problems, pinned = [], {"project": descriptor.project}
+    try:
+        projects.get(descriptor.project)
+    except StropError as exc:
+        problems.append(f"$.project: {exc}")
+    try:
+        pinned["baseModel"] = {"id": descriptor.base_model, "path": base_models.require_selected(descriptor.base_model)}
+    except StropError as exc:
+        problems.append(f"$.baseModel: {exc}")
+    try:
+        version = registry.get_dataset(descriptor.config.dataset)
+        pinned["dataset"] = {"ref": version["ref"], "sha256": version["sha256"], "rows": version.get("rows")}
+    except StropError as exc:
+        problems.append(f"$.config.dataset: {exc}")
+    pinned["terms"] = []
+    for i, (name, term) in enumerate(zip(descriptor.term_names(), descriptor.config.reward.terms)):
+        entry = {"name": name, "weight": term.weight, "module": term.module, "function": term.function}
+        if term.is_builtin:
+            entry["builtin"] = term.bundle
+        else:
+            try:
+                version = registry.get_bundle(term.bundle)
+                entry.update(bundle=version["ref"], sha256=version["sha256"])
+            except StropError as exc:
+                problems.append(f"$.config.reward.terms[{i}].bundle: {exc}")
+        pinned["terms"].append(entry)
+    if problems:
+        raise RunError("run not admitted:\n  " + "\n  ".join(problems))
+    return pinned
+
+
+def start(descriptor_path: str | Path, *, dry_run: bool = False) -> dict:
+    descriptor = load_descriptor(descriptor_path)
+    pinned = admit(descriptor)
+    if dry_run:
+        return {"valid": True, "dryRun": True, "project": descriptor.project, "configName": descriptor.config_name,
+                "pinned": pinned}
+    with session_scope(open_store()) as s:
+        project = s.scalar(select(Project).where(Project.name == descriptor.project))
+        run = Run(project_id=project.id, config_name=descriptor.config_name, descriptor=descriptor.to_dict(),
+                  status="pending", pinned=pinned, base_model=descriptor.base_model)
+        s.add(run)
+        s.flush()
+        run_id = run.id
+    spawn_worker(run_id)
+    return get(run_id)
+
+
+def spawn_worker(run_id: str) -> int:
+    folder = run_dir(run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(folder / "worker.log", "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "strop.control.worker", run_id], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=log, start_new_session=True, env=os.environ.copy())
+    except OSError as exc:
+        with session_scope(open_store()) as s:
+            run = s.get(Run, run_id)
+            run.status, run.finished_at, run.error = "failed", utcnow(), f"could not start the worker: {exc}"
+        raise RunError(f"run {run_id}: could not start its worker process: {exc}") from None
+    with session_scope(open_store()) as s:
+        run = s.get(Run, run_id)
+        run.worker_pid = proc.pid
+    return proc.pid
+
+
+def worker_alive(pid: int | None, run_id: str) -> bool:
+    """True while the worker process for `run_id` runs (a zombie, or a reused pid, does not count)."""
+    if not pid:
+        return False
+    proc = Path(f"/proc/{pid}")
+    if proc.exists():
+        try:
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return False
+        return state not in ("Z", "X") and "strop.control.worker" in cmdline and run_id in cmdline
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def _as_dict(run: Run, project: str) -> dict:
+    seconds = None
+    if run.started_at:
+        seconds = round(((run.finished_at or utcnow()) - run.started_at).total_seconds(), 1)
+    return {"runId": run.id, "project": project, "configName": run.config_name, "status": run.status,
+            "step": run.current_step, "maxSteps": run.descriptor["config"]["rlHyperparams"].get("maxSteps"),
+            "baseModel": run.base_model, "modelId": run.model_id, "pinned": run.pinned,
+            "workerPid": run.worker_pid if run.status in ("pending", "running") else None,
+            "createdAt": run.created_at.isoformat(), "startedAt": run.started_at and run.started_at.isoformat(),
+            "finishedAt": run.finished_at and run.finished_at.isoformat(), "seconds": seconds, "error": run.error,
+            "runDir": str(run_dir(run.id))}
+
+
+def _load(s, run_id: str) -> Run:
+    run = s.get(Run, run_id)
+    if run is None:
+        raise RunError(f"no run {run_id!r}; `strop runs list` shows the runs")
+    # a worker that died without recording it (kill -9, out of memory) leaves the run looking alive;
+    # a pending run with no pid yet is being spawned (spawn_worker records the pid as soon as the process exists)
+    if run.status in ("pending", "running") and run.worker_pid and not worker_alive(run.worker_pid, run.id):
+        run.status, run.finished_at = "failed", utcnow()
+        run.error = (f"the worker process {run.worker_pid} died without finishing; see "
+                     f"{run_dir(run.id) / 'worker.log'}; `strop runs resume {run.id}` continues from the last checkpoint")
+    return run
+
+
+def get(run_id: str) -> dict:
+    with session_scope(open_store()) as s:
+        run = _load(s, run_id)
+        return _as_dict(run, s.get(Project, run.project_id).name)
+
+
+def list_runs(project: str | None = None) -> list[dict]:
+    with session_scope(open_store()) as s:
+        query = select(Run).order_by(Run.created_at.desc())
+        if project:
+            query = query.join(Project).where(Project.name == project)
+        names = {p.id: p.name for p in s.scalars(select(Project))}
+        return [_as_dict(_load(s, run.id), names[run.project_id]) for run in s.scalars(query).all()]
+
+
+def wait(run_id: str, *, timeout: float | None = None, on_poll=None, interval: float = 1.0) -> dict:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        info = get(run_id)
+        if on_poll is not None:
+            on_poll(info)
+        if info["status"] in FINISHED_STATUSES:
+            return info
+        if deadline is not None and time.monotonic() > deadline:
+            raise RunError(f"run {run_id} is still {info['status']} after {timeout:g} s (step {info['step']})")
+        time.sleep(interval)
+
+
+def cancel(run_id: str) -> dict:
+    with session_scope(open_store()) as s:
+        run = _load(s, run_id)
+        if run.status in FINISHED_STATUSES:
+            raise RunError(f"run {run_id} already {run.status}; nothing to cancel")
+        pid = run.worker_pid
+        if not worker_alive(pid, run_id):
+            run.status, run.finished_at = "cancelled", utcnow()
+    if worker_alive(pid, run_id):
+        os.kill(pid, signal.SIGTERM)  # the worker records 'cancelled' itself, after writing what it has
+        deadline = time.monotonic() + 60
+        while worker_alive(pid, run_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if worker_alive(pid, run_id):
+            os.kill(pid, signal.SIGKILL)
+        with session_scope(open_store()) as s:
+            run = s.get(Run, run_id)
+            if run.status not in FINISHED_STATUSES:
+                run.status, run.finished_at = "cancelled", utcnow()
+    return get(run_id)
+
+
+def resume(run_id: str) -> dict:
+    with session_scope(open_store()) as s:
+        run = _load(s, run_id)
+        if run.status in ("pending", "running"):
+            raise RunError(f"run {run_id} is {run.status} (worker {run.worker_pid}); wait for it or cancel it first")
+        if run.status == "succeeded":
+            raise RunError(f"run {run_id} already succeeded; start a new run to train further")
+        run.status, run.error, run.finished_at, run.worker_pid = "pending", None, None, None
+    spawn_worker(run_id)
+    return get(run_id)
+
+
+def metrics(run_id: str) -> list[dict]:
+    with session_scope(open_store(), read_only=True) as s:
+        if s.get(Run, run_id) is None:
+            raise RunError(f"no run {run_id!r}; `strop runs list` shows the runs")
+        rows = s.scalars(select(RunStep).where(RunStep.run_id == run_id).order_by(RunStep.step)).all()
+        return [{"step": r.step, **r.metrics} for r in rows]

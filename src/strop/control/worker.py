@@ -1,0 +1,116 @@
+"""The background worker of one run: `python -m strop.control.worker RUN_ID`.
+
+It materialises what the run pinned (the dataset file and bundle folders, from the artifact store), builds the
+loop's config from the descriptor, and runs GRPO in $STROP_HOME/runs/RUN_ID, mirroring each metrics row and
+checkpoint into the store. SIGTERM (from `strop runs cancel`) stops it between steps' writes and marks the run
+cancelled; an exception marks it failed with the error; success registers the tuned model.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from sqlalchemy import delete
+
+from strop.store import artifacts, open_store, session_scope
+from strop.store.schema import Checkpoint, Model, Run, RunStep, utcnow
+
+
+class Cancelled(BaseException):
+    """Raised by the SIGTERM handler; a BaseException so no `except Exception` in the loop swallows it."""
+
+
+def _on_sigterm(signum, frame):
+    raise Cancelled()
+
+
+def _set(run_id: str, **fields) -> None:
+    with session_scope(open_store()) as s:
+        run = s.get(Run, run_id)
+        for key, value in fields.items():
+            setattr(run, key, value)
+
+
+def build_config(run: Run, folder: Path):
+    """The GRPOConfig of a run, with its pinned dataset and bundles materialised locally."""
+    from strop import model_info
+    from strop.control import registry
+    from strop.control.descriptor import validate_descriptor
+    descriptor = validate_descriptor(run.descriptor)
+    # artifacts are named by sha256 alone; the loader reads a file by its suffix, so copy it in with one
+    _, version = registry.dataset_file(run.pinned["dataset"]["ref"])
+    suffix = Path(version["source"] or "rows.jsonl").suffix or ".jsonl"
+    dataset = folder / f"dataset{suffix}"
+    if not dataset.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(artifacts.path_of(run.pinned["dataset"]["sha256"]), dataset)
+    refs = []
+    for term, spec in zip(run.pinned["terms"], descriptor.config.reward.terms):
+        if "builtin" in term:
+            refs.append(term["builtin"])
+        else:
+            folder, _ = registry.bundle_dir(term["bundle"])
+            refs.append(spec.grader_ref(folder))
+    return descriptor.to_grpo_config(str(dataset), descriptor.reward_term_specs(refs),
+                                     base_model=run.pinned["baseModel"]["path"],
+                                     renderer=model_info.get_recommended_renderer_name(descriptor.base_model))
+
+
+def main(run_id: str) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    from strop.control.runs import run_dir
+    with session_scope(open_store()) as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            print(f"no run {run_id}", file=sys.stderr)
+            return 1
+        run.status, run.started_at = "running", run.started_at or utcnow()
+        s.flush()
+        s.expunge(run)
+    folder = run_dir(run_id)
+    try:
+        from strop.rl import run_grpo
+        config = build_config(run, folder)
+
+        def on_start(_, start_step):
+            with session_scope(open_store()) as s:  # rows past the checkpoint we resume from are redone
+                s.execute(delete(RunStep).where(RunStep.run_id == run_id, RunStep.step >= start_step))
+                s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step > start_step))
+                s.get(Run, run_id).current_step = start_step
+
+        def on_step(row):
+            with session_scope(open_store()) as s:
+                s.add(RunStep(run_id=run_id, step=row["step"], metrics={k: v for k, v in row.items() if k != "step"}))
+                s.get(Run, run_id).current_step = row["step"] + 1
+
+        def on_checkpoint(step, path):
+            from strop.rl.checkpoints import MANIFEST, sha256_file
+            with session_scope(open_store()) as s:
+                s.add(Checkpoint(run_id=run_id, step=step, path=str(path), manifest_sha256=sha256_file(path / MANIFEST)))
+
+        result = run_grpo(config, folder, progress=False, on_start=on_start, on_step=on_step,
+                          on_checkpoint=on_checkpoint)
+        sha = artifacts.put_dir(result.final_adapter)
+        with session_scope(open_store()) as s:
+            model = Model(run_id=run_id, base_model=run.base_model, adapter_path=str(result.final_adapter),
+                          artifact_sha256=sha)
+            s.add(model)
+            s.flush()
+            row = s.get(Run, run_id)
+            row.status, row.finished_at, row.model_id = "succeeded", utcnow(), model.id
+        return 0
+    except Cancelled:
+        _set(run_id, status="cancelled", finished_at=utcnow())
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - the run record must say why it stopped
+        traceback.print_exc()
+        _set(run_id, status="failed", finished_at=utcnow(), error=f"{type(exc).__name__}: {exc}"[:4000])
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,233 @@
+"""The control plane through the `strop` command: registry, projects, base models, runs in the background."""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from strop.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    """A fresh STROP_HOME (and so a fresh SQLite store) per test."""
+    from strop.store import clear_engine_cache
+    monkeypatch.setenv("STROP_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("STROP_DATABASE_URL", raising=False)
+    clear_engine_cache()
+    yield tmp_path / "home"
+    clear_engine_cache()
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rows_file(path: Path, n: int, start: int = 0) -> Path:
+    path.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}) + "\n"
+                            for i in range(start, start + n)))
+    return path
+
+
+@pytest.fixture()
+def workspace(home, tmp_path, capsys):
+    """A project with a registered dataset, the example scoring bundle and the tiny model selected."""
+    assert run(capsys, "registry", "datasets", "register", "arith/train", "-f", rows_file(tmp_path / "train.jsonl", 12))[0] == 0
+    assert run(capsys, "registry", "bundles", "register", "arith/scoring", "-f", ROOT / "examples" / "gsm8k" / "scoring")[0] == 0
+    assert run(capsys, "projects", "create", "arith")[0] == 0
+    assert run(capsys, "base-models", "select", "strop/tiny-random", "--wait")[0] == 0
+    return tmp_path
+
+
+def descriptor(tmp_path: Path, **changes) -> Path:
+    data = {"kind": "run", "project": "arith", "configName": "tiny", "baseModel": "strop/tiny-random",
+            "config": {"dataset": "arith/train", "method": "grpo",
+                       "rlHyperparams": {"epochs": 1, "maxSteps": 4, "groupSize": 2, "klBeta": 0.0, "temperature": 1.0,
+                                         "maxCompletionLength": 6, "batchSize": 2, "lora": {"rank": 4},
+                                         "optimizer": {"learningRate": 1e-3}},
+                       "reward": {"terms": [{"kind": "rule", "weight": 1.0, "bundle": "arith/scoring", "module": "reward"}]},
+                       "maxSeqLength": 512},
+            "execution": {"gpus": 0, "saveEvery": 2, "keepAdapters": 2}}
+    for path, value in changes.items():
+        node = data
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    out = tmp_path / f"run-{len(list(tmp_path.glob('run-*.json')))}.json"
+    out.write_text(json.dumps(data))
+    return out
+
+
+# ---- registry -------------------------------------------------------------------------------------------
+
+def test_dataset_versions_are_immutable_and_deduplicated(home, tmp_path, capsys):
+    first = rows_file(tmp_path / "a.jsonl", 3)
+    code, out, _ = run(capsys, "registry", "datasets", "register", "d/train", "-f", first, "-o", "json")
+    assert code == 0 and json.loads(out)["version"] == 1 and json.loads(out)["created"]
+    code, out, _ = run(capsys, "registry", "datasets", "register", "d/train", "-f", first, "-o", "json")
+    assert json.loads(out)["version"] == 1 and not json.loads(out)["created"]
+    code, out, _ = run(capsys, "registry", "datasets", "register", "d/train", "-f", rows_file(tmp_path / "b.jsonl", 5),
+                       "--jq", ".ref")
+    assert out.strip() == "d/train@2"
+    first.write_text("changed")  # the registered copy is the one stored, not the file
+    code, out, _ = run(capsys, "registry", "datasets", "get", "d/train@1", "-o", "json")
+    assert json.loads(out)["rows"] == 3
+    code, out, _ = run(capsys, "registry", "datasets", "list", "-o", "json")
+    assert json.loads(out) == [{**json.loads(out)[0], "name": "d/train", "latestVersion": 2, "versions": 2, "rows": 5}]
+
+
+def test_bad_datasets_and_refs_are_refused_with_the_line(home, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q2"}\n')
+    code, _, err = run(capsys, "registry", "datasets", "register", "d", "-f", bad)
+    assert code == 1 and "line 2" in err and "answer" in err
+    code, _, err = run(capsys, "registry", "datasets", "get", "d")
+    assert code == 1 and "no dataset named 'd'" in err  # nothing half-registered
+    code, _, err = run(capsys, "registry", "datasets", "register", "bad name!", "-f", rows_file(tmp_path / "ok.jsonl", 1))
+    assert code == 1 and "not allowed" in err
+    code, _, err = run(capsys, "registry", "datasets", "get", "d@zero")
+    assert code == 1 and "version number" in err
+
+
+def test_bundles_are_checked_in_a_subprocess(home, tmp_path, capsys):
+    folder = tmp_path / "b"
+    folder.mkdir()
+    (folder / "reward.py").write_text("def compute_score(solution_str):\n    return 1.0\n")
+    code, _, err = run(capsys, "registry", "bundles", "register", "b", "-f", folder)
+    assert code == 1 and "signature" in err
+    (folder / "reward.py").write_text("import no_such_module\n")
+    code, _, err = run(capsys, "registry", "bundles", "register", "b", "-f", folder)
+    assert code == 1 and "no_such_module" in err
+    code, _, err = run(capsys, "registry", "bundles", "register", "b", "-f", tmp_path / "missing")
+    assert code == 1 and "does not exist" in err
+    code, out, _ = run(capsys, "registry", "bundles", "register", "b", "-f", ROOT / "examples" / "gsm8k" / "scoring",
+                       "-o", "json")
+    assert code == 0 and json.loads(out)["info"]["files"] == ["reward.py"]
+
+
+# ---- projects and base models ----------------------------------------------------------------------------
+
+def test_projects(home, tmp_path, capsys):
+    assert run(capsys, "projects", "create", "p")[0] == 0
+    code, _, err = run(capsys, "projects", "create", "p")
+    assert code == 1 and "already exists" in err
+    code, _, err = run(capsys, "projects", "set-evaluation", "p", "--dataset", "nope", "--grader", "builtin:gsm8k")
+    assert code == 1 and "no dataset named 'nope'" in err
+    run(capsys, "registry", "datasets", "register", "p/eval", "-f", rows_file(tmp_path / "e.jsonl", 2))
+    assert run(capsys, "projects", "set-evaluation", "p", "--dataset", "p/eval", "--grader", "builtin:gsm8k")[0] == 0
+    code, _, err = run(capsys, "projects", "set-evaluation", "p", "--dataset", "p/eval", "--grader", "bundle:none#r:f")
+    assert code == 1 and "no bundle named 'none'" in err
+    code, out, _ = run(capsys, "projects", "get", "p", "-o", "json")
+    assert json.loads(out)["evaluation"] == {"dataset": "p/eval", "grader": "builtin:gsm8k"}
+    code, out, _ = run(capsys, "projects", "list", "--jq", ".[].name")
+    assert out.split() == ["p"]
+
+
+# ---- runs ------------------------------------------------------------------------------------------------
+
+def test_dry_run_names_every_mistake(workspace, capsys):
+    bad = descriptor(workspace, **{"config.rlHyperparams.groupSize": 1, "config.rlHyperparams.temperature": "hot",
+                                   "execution.savEvery": 3})
+    code, out, err = run(capsys, "runs", "start", "-f", bad, "--dry-run")
+    assert code == 1 and out == ""
+    for path in ("$.config.rlHyperparams.groupSize", "$.config.rlHyperparams.temperature", "$.execution.savEvery"):
+        assert path in err
+
+
+def test_admission_names_what_is_missing(workspace, capsys):
+    bad = descriptor(workspace, project="nope", baseModel="HuggingFaceTB/SmolLM2-135M-Instruct",
+                     **{"config.dataset": "arith/train@7"})
+    code, _, err = run(capsys, "runs", "start", "-f", bad)
+    assert code == 1
+    assert "$.project" in err and "strop projects create nope" in err
+    assert "$.baseModel" in err and "strop base-models select" in err
+    assert "$.config.dataset" in err and "no version 7" in err
+    code, out, _ = run(capsys, "runs", "list", "-o", "json")
+    assert json.loads(out) == []
+
+
+def test_run_in_background_to_a_model(workspace, capsys):
+    code, out, _ = run(capsys, "runs", "start", "-f", descriptor(workspace), "--dry-run", "-o", "json")
+    assert code == 0 and json.loads(out)["pinned"]["dataset"]["ref"] == "arith/train@1"
+    code, out, _ = run(capsys, "runs", "start", "-f", descriptor(workspace), "-o", "json", "--jq", ".runId")
+    run_id = out.strip()
+    assert code == 0 and run_id.startswith("run-")
+    # a new bundle version registered now must not change the admitted run
+    run(capsys, "registry", "bundles", "register", "arith/scoring", "-f", ROOT / "examples" / "gsm8k" / "scoring",
+        "--module", "reward")
+    code, out, err = run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300", "-o", "json")
+    info = json.loads(out)
+    assert code == 0, info
+    assert info["status"] == "succeeded" and info["step"] == 4 and info["modelId"].startswith("model-")
+    assert info["pinned"]["terms"][0]["bundle"] == "arith/scoring@1" and "step 4/4" in err
+    code, out, _ = run(capsys, "runs", "metrics", run_id, "-o", "json")
+    steps = json.loads(out)
+    assert [r["step"] for r in steps] == [0, 1, 2, 3] and all("zeroVarianceGroups" in r for r in steps)
+    code, out, _ = run(capsys, "runs", "metrics", run_id)
+    assert out.splitlines()[0].split()[:3] == ["STEP", "ZERO-VAR", "REWARD"]
+    code, out, _ = run(capsys, "runs", "tensorboard", run_id, "--print-logdir")
+    assert Path(out.strip()).is_dir() and list(Path(out.strip()).glob("events.out.tfevents.*"))
+    code, _, err = run(capsys, "runs", "resume", run_id)
+    assert code == 1 and "already succeeded" in err
+
+
+def test_two_runs_at_once_both_finish_with_all_rows(workspace, capsys):
+    ids = [run(capsys, "runs", "start", "-f", descriptor(workspace), "--jq", ".runId")[1].strip() for _ in range(2)]
+    for run_id in ids:
+        code, out, _ = run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "400", "-o", "json")
+        assert code == 0, out
+        code, out, _ = run(capsys, "runs", "metrics", run_id, "-o", "json")
+        assert [r["step"] for r in json.loads(out)] == [0, 1, 2, 3]
+
+
+def test_killed_worker_shows_failed_then_resumes(workspace, capsys):
+    folder = workspace / "slow"
+    folder.mkdir()
+    (folder / "reward.py").write_text("import time\n\ndef compute_score(data_source=None, solution_str=None, "
+                                      "ground_truth=None, extra_info=None):\n    time.sleep(0.25)\n"
+                                      "    return len(solution_str) % 3 / 3\n")
+    assert run(capsys, "registry", "bundles", "register", "arith/slow", "-f", folder)[0] == 0
+    terms = [{"kind": "rule", "weight": 1.0, "bundle": "arith/slow", "module": "reward"}]
+    slow = descriptor(workspace, **{"config.rlHyperparams.maxSteps": 6, "config.reward.terms": terms})
+    run_id = run(capsys, "runs", "start", "-f", slow, "--jq", ".runId")[1].strip()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        info = json.loads(run(capsys, "runs", "get", run_id, "-o", "json")[1])
+        if info["step"] >= 3:
+            break
+        time.sleep(0.05)
+    os.kill(info["workerPid"], signal.SIGKILL)
+    time.sleep(0.5)
+    code, out, _ = run(capsys, "runs", "get", run_id, "-o", "json")
+    info = json.loads(out)
+    assert info["status"] == "failed" and "died" in info["error"] and info["step"] < 6
+    code, out, _ = run(capsys, "runs", "list", "-o", "json")
+    assert json.loads(out)[0]["status"] == "failed"
+    assert run(capsys, "runs", "resume", run_id)[0] == 0
+    code, out, _ = run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300", "-o", "json")
+    assert code == 0, out
+    code, out, _ = run(capsys, "runs", "metrics", run_id, "-o", "json")
+    assert [r["step"] for r in json.loads(out)] == list(range(6))
+
+
+def test_cancel_stops_the_worker(workspace, capsys):
+    long = descriptor(workspace, **{"config.rlHyperparams.maxSteps": 200, "config.rlHyperparams.epochs": 40})
+    run_id = run(capsys, "runs", "start", "-f", long, "--jq", ".runId")[1].strip()
+    deadline = time.monotonic() + 120
+    while json.loads(run(capsys, "runs", "get", run_id, "-o", "json")[1])["status"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    code, out, _ = run(capsys, "runs", "cancel", run_id, "-o", "json")
+    assert code == 0 and json.loads(out)["status"] == "cancelled" and json.loads(out)["workerPid"] is None
+    code, _, err = run(capsys, "runs", "cancel", run_id)
+    assert code == 1 and "nothing to cancel" in err
+    code, _, err = run(capsys, "runs", "get", "run-nope")
+    assert code == 1 and "no run 'run-nope'" in err
