@@ -231,3 +231,54 @@ def test_cancel_stops_the_worker(workspace, capsys):
     assert code == 1 and "nothing to cancel" in err
     code, _, err = run(capsys, "runs", "get", "run-nope")
     assert code == 1 and "no run 'run-nope'" in err
+
+
+# ---- models and evaluations ------------------------------------------------------------------------------
+
+def test_evaluate_a_tuned_model_and_keep_it_while_used(workspace, capsys):
+    run_id = run(capsys, "runs", "start", "-f", descriptor(workspace, **{"config.rlHyperparams.maxSteps": 1}),
+                 "--jq", ".runId")[1].strip()
+    assert run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300")[0] == 0
+    model = run(capsys, "runs", "get", run_id, "--jq", ".modelId")[1].strip()
+    code, out, _ = run(capsys, "models", "list", "-o", "json")
+    assert [m["modelId"] for m in json.loads(out)] == [model]
+    assert Path(json.loads(run(capsys, "models", "get", model, "-o", "json")[1])["adapterPath"]).is_dir()
+
+    run(capsys, "registry", "datasets", "register", "arith/eval", "-f", rows_file(workspace / "eval.jsonl", 3, start=50))
+    code, out, _ = run(capsys, "evaluations", "start", "--model", model, "--dataset", "arith/eval", "--grader",
+                       "bundle:arith/scoring#reward:compute_score", "--max-tokens", "6", "--jq", ".evaluationId")
+    evaluation = out.strip()
+    assert code == 0 and evaluation.startswith("eval-")
+    code, out, _ = run(capsys, "evaluations", "wait", evaluation, "--exit-status", "--timeout", "300", "-o", "json")
+    assert code == 0, out
+    code, out, _ = run(capsys, "evaluations", "report", evaluation, "-o", "json")
+    report = json.loads(out)
+    assert report["summary"]["n"] == 3 and len(report["items"]) == 3
+    assert report["items"][0]["question"] == "What is 50 + 1?" and report["items"][0]["gold"] == "51"
+    assert report["summary"]["accuracy"] == sum(i["correct"] for i in report["items"]) / 3
+    code, out, _ = run(capsys, "evaluations", "report", evaluation)
+    assert "accuracy" in out and "parse failures" in out
+
+    code, _, err = run(capsys, "models", "delete", model)
+    assert code == 1 and evaluation in err  # the evaluation that uses it is named
+    code, _, err = run(capsys, "evaluations", "start", "--model", "model-nope", "--dataset", "arith/eval",
+                       "--grader", "builtin:gsm8k")
+    assert code == 1 and "no such model" in err
+    code, _, err = run(capsys, "evaluations", "start", "--model", "strop/tiny-random", "--dataset", "arith/eval",
+                       "--grader", "builtin:nope")
+    assert code == 1 and "builtin:gsm8k" in err
+
+
+def test_base_model_evaluation_and_model_delete(workspace, capsys):
+    run(capsys, "registry", "datasets", "register", "arith/eval", "-f", rows_file(workspace / "eval.jsonl", 2))
+    evaluation = run(capsys, "evaluations", "start", "--model", "strop/tiny-random", "--dataset", "arith/eval",
+                     "--grader", "builtin:gsm8k", "--max-tokens", "4", "--samples", "3", "--jq", ".evaluationId")[1].strip()
+    code, out, _ = run(capsys, "evaluations", "wait", evaluation, "--exit-status", "--timeout", "300", "-o", "json")
+    assert code == 0 and "pass@3" in json.loads(out)["summary"]
+    run_id = run(capsys, "runs", "start", "-f", descriptor(workspace, **{"config.rlHyperparams.maxSteps": 1}),
+                 "--jq", ".runId")[1].strip()
+    run(capsys, "runs", "wait", run_id, "--timeout", "300")
+    model = run(capsys, "runs", "get", run_id, "--jq", ".modelId")[1].strip()
+    assert run(capsys, "models", "delete", model)[0] == 0
+    code, _, err = run(capsys, "models", "get", model)
+    assert code == 1 and "no model" in err

@@ -17,7 +17,7 @@ from strop.errors import StropError
 
 def build_parser() -> argparse.ArgumentParser:
     from strop import __version__
-    from strop.cli import base_models, projects, registry, runs, train
+    from strop.cli import base_models, evaluations, models, projects, registry, runs, train
 
     parser = argparse.ArgumentParser(
         prog="strop",
@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     registry.register(nouns)
     projects.register(nouns)
     runs.register(nouns)
+    models.register(nouns)
+    evaluations.register(nouns)
     base_models.register(nouns)
     train.register(nouns)
     return parser

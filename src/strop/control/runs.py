@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from sqlalchemy import select
 
-from strop.control import base_models, projects, registry
+from strop.control import base_models, processes, projects, registry
 from strop.control.descriptor import RunDescriptor, load_descriptor
 from strop.errors import StropError
 from strop.paths import runs_dir
@@ -88,41 +86,24 @@ def start(descriptor_path: str | Path, *, dry_run: bool = False) -> dict:
     return get(run_id)
 
 
+WORKER = "strop.control.worker"
+
+
 def spawn_worker(run_id: str) -> int:
-    folder = run_dir(run_id)
-    folder.mkdir(parents=True, exist_ok=True)
     try:
-        with open(folder / "worker.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "strop.control.worker", run_id], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=log, start_new_session=True, env=os.environ.copy())
+        pid = processes.spawn(WORKER, run_id, run_dir(run_id) / "worker.log")
     except OSError as exc:
         with session_scope(open_store()) as s:
             run = s.get(Run, run_id)
             run.status, run.finished_at, run.error = "failed", utcnow(), f"could not start the worker: {exc}"
         raise RunError(f"run {run_id}: could not start its worker process: {exc}") from None
     with session_scope(open_store()) as s:
-        run = s.get(Run, run_id)
-        run.worker_pid = proc.pid
-    return proc.pid
+        s.get(Run, run_id).worker_pid = pid
+    return pid
 
 
 def worker_alive(pid: int | None, run_id: str) -> bool:
-    """True while the worker process for `run_id` runs (a zombie, or a reused pid, does not count)."""
-    if not pid:
-        return False
-    proc = Path(f"/proc/{pid}")
-    if proc.exists():
-        try:
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return False
-        return state not in ("Z", "X") and "strop.control.worker" in cmdline and run_id in cmdline
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
+    return processes.alive(pid, WORKER, run_id)
 
 
 def _as_dict(run: Run, project: str) -> dict:

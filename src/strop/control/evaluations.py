@@ -1,0 +1,116 @@
+"""Evaluations: a model (a tuned modelId or a base model) on a registered dataset with a grader, run by a
+background worker; per-item rows and a summary land in the store.
+
+    from strop.control import evaluations
+    e = evaluations.start(model="model-2d69fb15", dataset="gsm8k/eval", grader="bundle:gsm8k/scoring#reward:compute_score")
+    evaluations.wait(e["evaluationId"]); evaluations.report(e["evaluationId"])
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+
+from strop.control import base_models, processes, registry
+from strop.control.projects import parse_grader
+from strop.errors import StropError
+from strop.paths import strop_home
+from strop.store import open_store, session_scope
+from strop.store.schema import FINISHED_STATUSES, DatasetVersion, Dataset, Evaluation, EvaluationItem, Model, utcnow
+
+WORKER = "strop.control.eval_worker"
+
+
+class EvaluationError(StropError):
+    """An evaluation could not be started, found or read."""
+
+
+def eval_dir(evaluation_id: str):
+    return strop_home() / "evaluations" / evaluation_id
+
+
+def resolve_model(ref: str) -> dict:
+    """A modelId (tuned) or a selected base model id, as {base path, adapter path or None}."""
+    if ref.startswith("openai:"):
+        raise EvaluationError(f"--model {ref!r}: OpenAI-compatible endpoints are not supported by this version yet; "
+                              "evaluate a modelId or a selected base model")
+    if ref.startswith("model-"):
+        with session_scope(open_store(), read_only=True) as s:
+            model = s.get(Model, ref)
+            if model is None:
+                raise EvaluationError(f"--model {ref!r}: no such model; `strop models list` shows the tuned models")
+            return {"modelId": model.id, "baseModel": model.base_model, "basePath": base_models.require_selected(model.base_model),
+                    "adapter": model.adapter_path}
+    return {"modelId": None, "baseModel": ref, "basePath": base_models.require_selected(ref), "adapter": None}
+
+
+def start(model: str, dataset: str, grader: str, *, samples: int = 1, max_tokens: int = 256) -> dict:
+    if samples < 1:
+        raise EvaluationError(f"--samples must be at least 1, got {samples}")
+    if max_tokens < 1:
+        raise EvaluationError(f"--max-tokens must be at least 1, got {max_tokens}")
+    resolved = resolve_model(model)
+    parse_grader(grader)
+    version = registry.get_dataset(dataset)
+    with session_scope(open_store()) as s:
+        version_row = s.scalar(select(DatasetVersion).join(Dataset).where(
+            Dataset.name == version["name"], DatasetVersion.version == version["version"]))
+        evaluation = Evaluation(model_ref=model, model_id=resolved["modelId"], dataset_version_id=version_row.id,
+                                grader_ref=grader, samples=samples, status="pending",
+                                summary={"maxTokens": max_tokens, "dataset": version["ref"]})
+        s.add(evaluation)
+        s.flush()
+        evaluation_id = evaluation.id
+    pid = processes.spawn(WORKER, evaluation_id, eval_dir(evaluation_id) / "worker.log")
+    with session_scope(open_store()) as s:
+        s.get(Evaluation, evaluation_id).worker_pid = pid
+    return get(evaluation_id)
+
+
+def _load(s, evaluation_id: str) -> Evaluation:
+    evaluation = s.get(Evaluation, evaluation_id)
+    if evaluation is None:
+        raise EvaluationError(f"no evaluation {evaluation_id!r}")
+    if evaluation.status in ("pending", "running") and evaluation.worker_pid \
+            and not processes.alive(evaluation.worker_pid, WORKER, evaluation_id):
+        evaluation.status, evaluation.finished_at = "failed", utcnow()
+        evaluation.error = f"the worker died without finishing; see {eval_dir(evaluation_id) / 'worker.log'}"
+    return evaluation
+
+
+def _dict(e: Evaluation) -> dict:
+    summary = dict(e.summary or {})
+    return {"evaluationId": e.id, "model": e.model_ref, "modelId": e.model_id, "dataset": summary.pop("dataset", None),
+            "grader": e.grader_ref, "samples": e.samples, "status": e.status, "summary": summary, "error": e.error,
+            "createdAt": e.created_at.isoformat(), "finishedAt": e.finished_at and e.finished_at.isoformat()}
+
+
+def get(evaluation_id: str) -> dict:
+    with session_scope(open_store()) as s:
+        return _dict(_load(s, evaluation_id))
+
+
+def wait(evaluation_id: str, *, timeout: float | None = None, interval: float = 1.0, on_poll=None) -> dict:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        info = get(evaluation_id)
+        if on_poll:
+            on_poll(info)
+        if info["status"] in FINISHED_STATUSES:
+            return info
+        if deadline is not None and time.monotonic() > deadline:
+            raise EvaluationError(f"evaluation {evaluation_id} is still {info['status']} after {timeout:g} s")
+        time.sleep(interval)
+
+
+def report(evaluation_id: str, *, items: bool = False) -> dict:
+    info = get(evaluation_id)
+    if items:
+        with session_scope(open_store(), read_only=True) as s:
+            rows = s.scalars(select(EvaluationItem).where(EvaluationItem.evaluation_id == evaluation_id)
+                             .order_by(EvaluationItem.item_index, EvaluationItem.sample)).all()
+            info["items"] = [{"index": r.item_index, "question": r.question, "gold": r.gold, "response": r.response,
+                              "extracted": r.extracted, "score": r.score, "correct": r.correct, "tokens": r.tokens,
+                              "latencySeconds": r.latency_s} for r in rows]
+    return info

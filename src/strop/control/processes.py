@@ -1,0 +1,42 @@
+"""Background worker processes of the control plane: start one detached, and tell whether it still runs.
+
+    pid = spawn("strop.control.worker", "run-3f9a1c2e", log=Path("worker.log"))
+    alive(pid, "strop.control.worker", "run-3f9a1c2e")
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def spawn(module: str, arg: str, log: Path) -> int:
+    """`python -m MODULE ARG` in its own session (it outlives the command that started it), output to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", module, arg], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True, env=os.environ.copy())
+    return proc.pid
+
+
+def alive(pid: int | None, module: str, arg: str) -> bool:
+    """True while `pid` is that worker (a zombie, or a pid the system reused for something else, does not count)."""
+    if not pid:
+        return False
+    proc = Path(f"/proc/{pid}")
+    if proc.exists():
+        try:
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return False
+        return state not in ("Z", "X") and module in cmdline and arg in cmdline
+    if sys.platform.startswith("linux"):
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
