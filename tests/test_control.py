@@ -282,3 +282,38 @@ def test_base_model_evaluation_and_model_delete(workspace, capsys):
     assert run(capsys, "models", "delete", model)[0] == 0
     code, _, err = run(capsys, "models", "get", model)
     assert code == 1 and "no model" in err
+
+
+@pytest.mark.postgres
+def test_same_commands_on_postgresql(tmp_path, monkeypatch, capsys):
+    """The whole flow, registry to a finished run, with the state in a PostgreSQL server (CI starts one)."""
+    url = os.environ.get("STROP_TEST_POSTGRES_URL", "").strip()
+    if not url:
+        pytest.skip("STROP_TEST_POSTGRES_URL is not set: this test needs a PostgreSQL server (CI starts one)")
+    import sqlalchemy as sa
+
+    from strop.store import clear_engine_cache, get_engine
+    from strop.store.db import VERSION_TABLE
+    from strop.store.schema import Base
+    engine = get_engine(url)
+    Base.metadata.drop_all(engine)  # a clean slate: the URL names a scratch database
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DROP TABLE IF EXISTS {VERSION_TABLE}"))
+    clear_engine_cache()
+    monkeypatch.setenv("STROP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("STROP_DATABASE_URL", url)
+    try:
+        assert run(capsys, "registry", "datasets", "register", "arith/train", "-f", rows_file(tmp_path / "t.jsonl", 4))[0] == 0
+        assert run(capsys, "registry", "bundles", "register", "arith/scoring", "-f", ROOT / "examples" / "gsm8k" / "scoring")[0] == 0
+        assert run(capsys, "projects", "create", "arith")[0] == 0
+        assert run(capsys, "projects", "create", "arith")[0] == 1
+        assert run(capsys, "base-models", "select", "strop/tiny-random")[0] == 0
+        run_id = run(capsys, "runs", "start", "-f", descriptor(tmp_path, **{"config.rlHyperparams.maxSteps": 2}),
+                     "--jq", ".runId")[1].strip()
+        code, out, _ = run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300", "-o", "json")
+        assert code == 0, out
+        code, out, _ = run(capsys, "runs", "metrics", run_id, "-o", "json")
+        assert [r["step"] for r in json.loads(out)] == [0, 1]
+        assert not (tmp_path / "home" / "strop.db").exists()  # nothing went to SQLite
+    finally:
+        clear_engine_cache()
