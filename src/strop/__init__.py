@@ -17,7 +17,8 @@ from strop.errors import StropError
 __version__ = "0.1.0"
 
 _CLIENT_NAMES = ("APIFuture", "SamplingClient", "ServiceClient", "TrainingClient")
-_SUBMODULES = ("types", "model_info", "renderers", "tokenizer_utils", "scoring", "data", "rl", "models", "engine")
+_SUBMODULES = ("types", "model_info", "renderers", "tokenizer_utils", "scoring", "data", "rl", "models", "engine",
+               "store", "control", "evals")
 
 __all__ = [*_CLIENT_NAMES, "StropError", "types", "__version__"]
 
