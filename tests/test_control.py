@@ -317,3 +317,18 @@ def test_same_commands_on_postgresql(tmp_path, monkeypatch, capsys):
         assert not (tmp_path / "home" / "strop.db").exists()  # nothing went to SQLite
     finally:
         clear_engine_cache()
+
+
+def test_the_projects_evaluation_runs_when_a_run_ends(workspace, capsys):
+    run(capsys, "registry", "datasets", "register", "arith/eval", "-f", rows_file(workspace / "eval.jsonl", 2, start=70))
+    assert run(capsys, "projects", "set-evaluation", "arith", "--dataset", "arith/eval", "--grader",
+               "bundle:arith/scoring#reward:compute_score")[0] == 0
+    run_id = run(capsys, "runs", "start", "-f", descriptor(workspace, **{"config.rlHyperparams.maxSteps": 1}),
+                 "--jq", ".runId")[1].strip()
+    assert run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300")[0] == 0
+    info = json.loads(run(capsys, "runs", "get", run_id, "-o", "json")[1])
+    [evaluation] = info["evaluations"]
+    code, out, _ = run(capsys, "evaluations", "wait", evaluation, "--exit-status", "--timeout", "300", "-o", "json")
+    result = json.loads(out)
+    assert code == 0 and result["modelId"] == info["modelId"] and result["dataset"] == "arith/eval@1"
+    assert result["summary"]["n"] == 2

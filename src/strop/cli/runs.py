@@ -58,6 +58,8 @@ def _show(r: dict) -> str:
         lines.append(f"dataset: {pinned['dataset']['ref']}")
     for term in pinned.get("terms", []):
         lines.append(f"reward term {term['name']}: {term.get('bundle') or term.get('builtin')} x {term['weight']}")
+    if r.get("evaluations"):
+        lines.append(f"evaluations: {', '.join(r['evaluations'])}")
     if r.get("workerPid"):
         lines.append(f"worker pid: {r['workerPid']}")
     if r.get("seconds") is not None:

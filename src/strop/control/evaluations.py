@@ -45,7 +45,9 @@ def resolve_model(ref: str) -> dict:
     return {"modelId": None, "baseModel": ref, "basePath": base_models.require_selected(ref), "adapter": None}
 
 
-def start(model: str, dataset: str, grader: str, *, samples: int = 1, max_tokens: int = 256) -> dict:
+def start(model: str, dataset: str, grader: str, *, samples: int = 1, max_tokens: int = 256,
+          run_id: str | None = None, run_step: int | None = None) -> dict:
+    """Admit and start an evaluation; `run_id`/`run_step` tie it to the run that asked for it."""
     if samples < 1:
         raise EvaluationError(f"--samples must be at least 1, got {samples}")
     if max_tokens < 1:
@@ -57,7 +59,7 @@ def start(model: str, dataset: str, grader: str, *, samples: int = 1, max_tokens
         version_row = s.scalar(select(DatasetVersion).join(Dataset).where(
             Dataset.name == version["name"], DatasetVersion.version == version["version"]))
         evaluation = Evaluation(model_ref=model, model_id=resolved["modelId"], dataset_version_id=version_row.id,
-                                grader_ref=grader, samples=samples, status="pending",
+                                grader_ref=grader, samples=samples, status="pending", run_id=run_id, run_step=run_step,
                                 summary={"maxTokens": max_tokens, "dataset": version["ref"]})
         s.add(evaluation)
         s.flush()

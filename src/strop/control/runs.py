@@ -25,7 +25,7 @@ from strop.control.descriptor import RunDescriptor, load_descriptor
 from strop.errors import StropError
 from strop.paths import runs_dir
 from strop.store import open_store, session_scope
-from strop.store.schema import FINISHED_STATUSES, Project, Run, RunStep, utcnow
+from strop.store.schema import FINISHED_STATUSES, Evaluation, Project, Run, RunStep, utcnow
 
 
 class RunError(StropError):
@@ -106,7 +106,7 @@ def worker_alive(pid: int | None, run_id: str) -> bool:
     return processes.alive(pid, WORKER, run_id)
 
 
-def _as_dict(run: Run, project: str) -> dict:
+def _as_dict(run: Run, project: str, evaluations: list[str] | None = None) -> dict:
     seconds = None
     if run.started_at:
         seconds = round(((run.finished_at or utcnow()) - run.started_at).total_seconds(), 1)
@@ -116,6 +116,7 @@ def _as_dict(run: Run, project: str) -> dict:
             "workerPid": run.worker_pid if run.status in ("pending", "running") else None,
             "createdAt": run.created_at.isoformat(), "startedAt": run.started_at and run.started_at.isoformat(),
             "finishedAt": run.finished_at and run.finished_at.isoformat(), "seconds": seconds, "error": run.error,
+            "evaluations": evaluations or [],
             "runDir": str(run_dir(run.id))}
 
 
@@ -135,7 +136,9 @@ def _load(s, run_id: str) -> Run:
 def get(run_id: str) -> dict:
     with session_scope(open_store()) as s:
         run = _load(s, run_id)
-        return _as_dict(run, s.get(Project, run.project_id).name)
+        evaluations = s.scalars(select(Evaluation.id).where(Evaluation.run_id == run_id)
+                                .order_by(Evaluation.created_at)).all()
+        return _as_dict(run, s.get(Project, run.project_id).name, list(evaluations))
 
 
 def list_runs(project: str | None = None) -> list[dict]:

@@ -60,6 +60,20 @@ def build_config(run: Run, folder: Path):
                                      renderer=model_info.get_recommended_renderer_name(descriptor.base_model))
 
 
+def evaluate_at_end(run: Run, model_id: str, step: int, max_tokens: int) -> None:
+    """Start the project's evaluation of the tuned model, when the project has one; a failure to start it is
+    logged, not fatal: the run itself succeeded."""
+    from strop.control import evaluations, projects
+    try:
+        settings = projects.get(run.pinned["project"])["evaluation"]
+        if settings["dataset"] and settings["grader"]:
+            started = evaluations.start(model_id, settings["dataset"], settings["grader"], max_tokens=max_tokens,
+                                        run_id=run.id, run_step=step)
+            print(f"started the project's evaluation {started['evaluationId']}", file=sys.stderr)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+
+
 def main(run_id: str) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     from strop.control.runs import run_dir
@@ -102,6 +116,8 @@ def main(run_id: str) -> int:
             s.flush()
             row = s.get(Run, run_id)
             row.status, row.finished_at, row.model_id = "succeeded", utcnow(), model.id
+            model_id = model.id
+        evaluate_at_end(run, model_id, result.steps, config.max_completion_length)
         return 0
     except Cancelled:
         _set(run_id, status="cancelled", finished_at=utcnow())
