@@ -8,8 +8,6 @@ background worker; per-item rows and a summary land in the store.
 
 from __future__ import annotations
 
-import time
-
 from sqlalchemy import select
 
 from strop.control import base_models, processes, registry
@@ -17,7 +15,7 @@ from strop.control.projects import parse_grader
 from strop.errors import StropError
 from strop.paths import strop_home
 from strop.store import open_store, session_scope
-from strop.store.schema import FINISHED_STATUSES, DatasetVersion, Dataset, Evaluation, EvaluationItem, Model, utcnow
+from strop.store.schema import Dataset, DatasetVersion, Evaluation, EvaluationItem, Model, utcnow
 
 WORKER = "strop.control.eval_worker"
 
@@ -94,16 +92,10 @@ def get(evaluation_id: str) -> dict:
 
 
 def wait(evaluation_id: str, *, timeout: float | None = None, interval: float = 1.0, on_poll=None) -> dict:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        info = get(evaluation_id)
-        if on_poll:
-            on_poll(info)
-        if info["status"] in FINISHED_STATUSES:
-            return info
-        if deadline is not None and time.monotonic() > deadline:
-            raise EvaluationError(f"evaluation {evaluation_id} is still {info['status']} after {timeout:g} s")
-        time.sleep(interval)
+    def too_long(info):
+        raise EvaluationError(f"evaluation {evaluation_id} is still {info['status']} after {timeout:g} s")
+    return processes.poll_until_finished(lambda: get(evaluation_id), timeout=timeout, on_poll=on_poll,
+                                         interval=interval, on_timeout=too_long)
 
 
 def report(evaluation_id: str, *, items: bool = False) -> dict:

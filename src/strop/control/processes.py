@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -40,3 +41,18 @@ def alive(pid: int | None, module: str, arg: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def poll_until_finished(read, *, timeout: float | None, on_poll=None, interval: float = 1.0, on_timeout=None) -> dict:
+    """Call `read()` every `interval` s until its `status` is finished; `on_timeout(info)` raises past `timeout`."""
+    from strop.store.schema import FINISHED_STATUSES
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        info = read()
+        if on_poll is not None:
+            on_poll(info)
+        if info["status"] in FINISHED_STATUSES:
+            return info
+        if deadline is not None and time.monotonic() > deadline:
+            on_timeout(info)
+        time.sleep(interval)

@@ -151,16 +151,10 @@ def list_runs(project: str | None = None) -> list[dict]:
 
 
 def wait(run_id: str, *, timeout: float | None = None, on_poll=None, interval: float = 1.0) -> dict:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        info = get(run_id)
-        if on_poll is not None:
-            on_poll(info)
-        if info["status"] in FINISHED_STATUSES:
-            return info
-        if deadline is not None and time.monotonic() > deadline:
-            raise RunError(f"run {run_id} is still {info['status']} after {timeout:g} s (step {info['step']})")
-        time.sleep(interval)
+    def too_long(info):
+        raise RunError(f"run {run_id} is still {info['status']} after {timeout:g} s (step {info['step']})")
+    return processes.poll_until_finished(lambda: get(run_id), timeout=timeout, on_poll=on_poll, interval=interval,
+                                         on_timeout=too_long)
 
 
 def cancel(run_id: str) -> dict:
