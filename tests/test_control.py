@@ -332,3 +332,19 @@ def test_the_projects_evaluation_runs_when_a_run_ends(workspace, capsys):
     result = json.loads(out)
     assert code == 0 and result["modelId"] == info["modelId"] and result["dataset"] == "arith/eval@1"
     assert result["summary"]["n"] == 2
+
+
+def test_eval_every_evaluates_during_training(workspace, capsys):
+    every = descriptor(workspace, **{"config.rlHyperparams.maxSteps": 4, "config.evalEvery": 2})
+    code, _, err = run(capsys, "runs", "start", "-f", every, "--dry-run")
+    assert code == 1 and "$.config.evalEvery" in err and "set-evaluation" in err  # no evaluation settings yet
+    run(capsys, "registry", "datasets", "register", "arith/eval", "-f", rows_file(workspace / "eval.jsonl", 2, start=80))
+    run(capsys, "projects", "set-evaluation", "arith", "--dataset", "arith/eval", "--grader", "builtin:gsm8k")
+    run_id = run(capsys, "runs", "start", "-f", every, "--jq", ".runId")[1].strip()
+    assert run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300")[0] == 0
+    evaluations = json.loads(run(capsys, "runs", "get", run_id, "-o", "json")[1])["evaluations"]
+    assert len(evaluations) == 2  # after step 2 in the worker, and the final model's at the end
+    during = json.loads(run(capsys, "evaluations", "report", evaluations[0], "-o", "json")[1])
+    assert during["status"] == "succeeded" and during["model"] == f"{run_id}@step-2" and len(during["items"]) == 2
+    final = json.loads(run(capsys, "evaluations", "wait", evaluations[1], "--timeout", "300", "-o", "json")[1])
+    assert final["status"] == "succeeded" and final["modelId"].startswith("model-")

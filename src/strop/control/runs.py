@@ -40,7 +40,10 @@ def admit(descriptor: RunDescriptor) -> dict:
     """Check everything the run needs exists, and pin it: the returned dict goes into the run record."""
     problems, pinned = [], {"project": descriptor.project}
     try:
-        projects.get(descriptor.project)
+        settings = projects.get(descriptor.project)["evaluation"]
+        if descriptor.config.eval_every and not (settings["dataset"] and settings["grader"]):
+            problems.append(f"$.config.evalEvery: project {descriptor.project!r} has no evaluation settings; run "
+                            f"`strop projects set-evaluation {descriptor.project} --dataset DS --grader G` first")
     except StropError as exc:
         problems.append(f"$.project: {exc}")
     try:

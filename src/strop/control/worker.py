@@ -60,6 +60,44 @@ def build_config(run: Run, folder: Path):
                                      renderer=model_info.get_recommended_renderer_name(descriptor.base_model))
 
 
+def evaluate_during(run: Run, folder: Path, max_tokens: int):
+    """The on_eval hook: the project's evaluation of the weights as they are at a step, run in this process
+    (training waits for it) and stored as a finished evaluation tied to the run and step."""
+    from sqlalchemy import select as sql_select
+
+    from strop.control import projects, registry
+    from strop.control.eval_worker import grader_ref
+    from strop.data import load_rows
+    from strop.evals import evaluate_sampler
+    from strop.store.schema import Dataset, DatasetVersion, Evaluation, EvaluationItem
+    settings = projects.get(run.pinned["project"])["evaluation"]
+    path, version = registry.dataset_file(settings["dataset"])
+    rows_path = folder / f"eval-dataset{Path(version['source'] or 'rows.jsonl').suffix or '.jsonl'}"
+    shutil.copyfile(path, rows_path)
+    rows, grader = load_rows(str(rows_path)), grader_ref(settings["grader"])
+
+    def on_eval(step, training, renderer):
+        started = utcnow()
+        result = evaluate_sampler(training.save_weights_and_get_sampling_client(), renderer, rows, grader,
+                                  max_tokens=max_tokens)
+        with session_scope(open_store()) as s:
+            version_id = s.scalar(sql_select(DatasetVersion.id).join(Dataset).where(
+                Dataset.name == version["name"], DatasetVersion.version == version["version"]))
+            evaluation = Evaluation(model_ref=f"{run.id}@step-{step}", dataset_version_id=version_id,
+                                    grader_ref=settings["grader"], run_id=run.id, run_step=step, status="succeeded",
+                                    summary={"dataset": version["ref"], "maxTokens": max_tokens, **result.summary},
+                                    started_at=started, finished_at=utcnow())
+            s.add(evaluation)
+            s.flush()
+            for item in result.items:
+                s.add(EvaluationItem(evaluation_id=evaluation.id, item_index=item.index, sample=0,
+                                     question=item.question, gold=item.gold, response=item.response,
+                                     extracted=item.extracted, score=item.score, correct=item.correct,
+                                     tokens=item.tokens, latency_s=item.latency_s))
+        print(f"step {step}: evaluation accuracy {result.summary.get('accuracy', 0):.3f}", file=sys.stderr)
+    return on_eval
+
+
 def evaluate_at_end(run: Run, model_id: str, step: int, max_tokens: int) -> None:
     """Start the project's evaluation of the tuned model, when the project has one; a failure to start it is
     logged, not fatal: the run itself succeeded."""
@@ -106,8 +144,9 @@ def main(run_id: str) -> int:
             with session_scope(open_store()) as s:
                 s.add(Checkpoint(run_id=run_id, step=step, path=str(path), manifest_sha256=sha256_file(path / MANIFEST)))
 
+        on_eval = evaluate_during(run, folder, config.max_completion_length) if config.eval_every else None
         result = run_grpo(config, folder, progress=False, on_start=on_start, on_step=on_step,
-                          on_checkpoint=on_checkpoint)
+                          on_checkpoint=on_checkpoint, on_eval=on_eval)
         sha = artifacts.put_dir(result.final_adapter)
         with session_scope(open_store()) as s:
             model = Model(run_id=run_id, base_model=run.base_model, adapter_path=str(result.final_adapter),

@@ -52,6 +52,8 @@ class GRPOConfig:
     system_prompt: str | None = _help("system message before each question (None: none)", None)
     question_suffix: str = _help("text appended to each question", "")
     renderer: str | None = _help("renderer name (None: the model's recommended one)", None)
+    eval_every: int | None = _help("call the run's evaluation hook every N steps (control-plane runs evaluate on their "
+                                   "project's evaluation dataset); None: never", None)
     save_every: int = _help("checkpoint every N steps (the last step is always saved)", 10)
     keep_adapters: int = _help("checkpoints to keep", 4)
     seed: int = _help("seed for data order, LoRA init and sampling", 0)
@@ -76,6 +78,8 @@ class GRPOConfig:
                 p.append(f"{name}: must be an integer >= {least}, got {value!r}{why}")
         if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
             p.append(f"max_steps: must be a positive integer or None, got {self.max_steps!r}")
+        if self.eval_every is not None and (not isinstance(self.eval_every, int) or self.eval_every < 1):
+            p.append(f"eval_every: must be a positive integer or None, got {self.eval_every!r}")
         if self.dataset_limit is not None and (not isinstance(self.dataset_limit, int) or self.dataset_limit < 1):
             p.append(f"dataset_limit: must be a positive integer or None, got {self.dataset_limit!r}")
         if not (isinstance(self.learning_rate, (int, float)) and 0 < self.learning_rate < 1):

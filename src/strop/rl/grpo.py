@@ -132,10 +132,12 @@ def base_kl(base_sampler, group: Group) -> list[list[float]]:
 
 def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient | None = None,
              progress: bool = True, rows: list[Row] | None = None, on_start=None, on_step=None,
-             on_checkpoint=None) -> RunResult:
+             on_checkpoint=None, on_eval=None) -> RunResult:
     """Train, writing into `run_dir`. `on_start(run_dir, start_step)` is called once the run folder exists,
     `on_step(metrics_row)` after each step's row is written and `on_checkpoint(step, path)` after each
-    checkpoint (the control plane copies both into its store)."""
+    checkpoint (the control plane copies both into its store). With `config.eval_every`, `on_eval(steps_done,
+    training_client, renderer)` runs every that many steps, before the last one (whoever runs the loop
+    evaluates the final model)."""
     run_dir = Path(run_dir)
     # everything that can fail on bad input happens before the run folder exists: nothing half-written
     rows = rows if rows is not None else load_rows(config.dataset, split="train", limit=config.dataset_limit,
@@ -181,6 +183,9 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
                 bar.set_postfix(reward=f"{row_['reward']:.3f}", zvg=f"{row_['zeroVarianceGroups']:.2f}",
                                 len=f"{row_['completionLength']:.0f}", s=f"{row_['stepSeconds']:.1f}")
                 bar.update(1)
+            if on_eval is not None and config.eval_every and (step + 1) % config.eval_every == 0 \
+                    and step + 1 < len(batches):
+                on_eval(step + 1, training, renderer)
             if (step + 1) % config.save_every == 0 or step + 1 == len(batches):
                 path = checkpoints.save(training, run_dir, step + 1, config.keep_adapters)
                 if on_checkpoint is not None:
