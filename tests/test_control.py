@@ -348,3 +348,26 @@ def test_eval_every_evaluates_during_training(workspace, capsys):
     assert during["status"] == "succeeded" and during["model"] == f"{run_id}@step-2" and len(during["items"]) == 2
     final = json.loads(run(capsys, "evaluations", "wait", evaluations[1], "--timeout", "300", "-o", "json")[1])
     assert final["status"] == "succeeded" and final["modelId"].startswith("model-")
+
+
+def test_evaluate_an_openai_compatible_endpoint(workspace, capsys, tiny_model_dir):
+    import threading
+
+    from strop.serve import make_server
+    server = make_server(str(tiny_model_dir), port=0, name="tiny")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run(capsys, "registry", "datasets", "register", "arith/eval", "-f", rows_file(workspace / "eval.jsonl", 3))
+        endpoint = f"openai:tiny@http://127.0.0.1:{server.server_port}/v1"
+        code, out, err = run(capsys, "evaluations", "start", "--model", endpoint, "--dataset", "arith/eval",
+                             "--grader", "builtin:gsm8k", "--max-tokens", "4", "--jq", ".evaluationId")
+        assert code == 0, err
+        code, out, _ = run(capsys, "evaluations", "wait", out.strip(), "--exit-status", "--timeout", "300", "-o", "json")
+        summary = json.loads(out)["summary"]
+        assert code == 0 and summary["n"] == 3 and summary["requestErrors"] == 0
+        code, _, err = run(capsys, "evaluations", "start", "--model", endpoint, "--dataset", "arith/eval",
+                           "--grader", "builtin:gsm8k", "--samples", "4")
+        assert code == 1 and "pass@k" in err
+    finally:
+        server.shutdown()
+        server.server_close()

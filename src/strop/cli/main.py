@@ -17,7 +17,7 @@ from strop.errors import StropError
 
 def build_parser() -> argparse.ArgumentParser:
     from strop import __version__
-    from strop.cli import base_models, evaluations, models, projects, registry, runs, train
+    from strop.cli import base_models, evaluations, models, projects, registry, runs, serve, train
 
     parser = argparse.ArgumentParser(
         prog="strop",
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.register(nouns)
     models.register(nouns)
     evaluations.register(nouns)
+    serve.register(nouns)
     base_models.register(nouns)
     train.register(nouns)
     return parser

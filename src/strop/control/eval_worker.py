@@ -37,8 +37,13 @@ def main(evaluation_id: str) -> int:
         rows_path = folder / f"dataset{Path(source or 'rows.jsonl').suffix or '.jsonl'}"
         shutil.copyfile(artifacts.path_of(sha), rows_path)
         model = resolve_model(model_ref)
-        result = evaluate_local(model["basePath"], load_rows(str(rows_path)), grader_ref(ref), adapter=model["adapter"],
-                                samples=samples, max_tokens=int(summary.get("maxTokens", 256)), progress=False)
+        rows, grader, max_tokens = load_rows(str(rows_path)), grader_ref(ref), int(summary.get("maxTokens", 256))
+        if model.get("openai"):
+            from strop.evals.openai_client import evaluate_openai
+            result = evaluate_openai(model["openai"], rows, grader, max_tokens=max_tokens)
+        else:
+            result = evaluate_local(model["basePath"], rows, grader, adapter=model["adapter"], samples=samples,
+                                    max_tokens=max_tokens, progress=False)
         with session_scope(open_store()) as s:
             for item in result.items:
                 s.add(EvaluationItem(evaluation_id=evaluation_id, item_index=item.index, sample=0, question=item.question,

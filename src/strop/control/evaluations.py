@@ -31,8 +31,9 @@ def eval_dir(evaluation_id: str):
 def resolve_model(ref: str) -> dict:
     """A modelId (tuned) or a selected base model id, as {base path, adapter path or None}."""
     if ref.startswith("openai:"):
-        raise EvaluationError(f"--model {ref!r}: OpenAI-compatible endpoints are not supported by this version yet; "
-                              "evaluate a modelId or a selected base model")
+        from strop.evals.openai_client import parse_openai_ref
+        endpoint = parse_openai_ref(ref)
+        return {"modelId": None, "baseModel": endpoint.model, "basePath": None, "adapter": None, "openai": ref}
     if ref.startswith("model-"):
         with session_scope(open_store(), read_only=True) as s:
             model = s.get(Model, ref)
@@ -50,6 +51,8 @@ def start(model: str, dataset: str, grader: str, *, samples: int = 1, max_tokens
         raise EvaluationError(f"--samples must be at least 1, got {samples}")
     if max_tokens < 1:
         raise EvaluationError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if samples > 1 and model.startswith("openai:"):
+        raise EvaluationError("--samples > 1 (pass@k) is for local models; an endpoint is evaluated greedily once")
     resolved = resolve_model(model)
     parse_grader(grader)
     version = registry.get_dataset(dataset)

@@ -1,0 +1,132 @@
+"""An OpenAI-compatible chat API over a local model, so any OpenAI client (and strop's own evaluations) can
+use a base or tuned model by URL.
+
+    server = make_server("strop/tiny-random", port=0)            # port 0: any free port
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # OpenAI(base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key="unused").chat.completions.create(...)
+
+Endpoints: GET /v1/models, POST /v1/chat/completions (messages, max_tokens, temperature, top_p, n, stop, seed).
+It binds to 127.0.0.1 unless told otherwise, checks `Authorization: Bearer KEY` when given a key, and refuses
+request bodies over `max_body` bytes. Requests are served one generation at a time (one model, one CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MAX_BODY = 1 << 20
+
+
+class ModelServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address, sampler, renderer, model_name: str, api_key: str | None, max_body: int):
+        super().__init__(address, _Handler)
+        self.sampler, self.renderer, self.model_name = sampler, renderer, model_name
+        self.api_key, self.max_body = api_key, max_body
+        self.lock = threading.Lock()
+
+    def complete(self, body: dict) -> dict:
+        from strop import types
+        from strop.renderers import get_text_content
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise ValueError("'messages' must be a non-empty list of {role, content} objects")
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 256
+        n = body.get("n") or 1
+        if not isinstance(max_tokens, int) or max_tokens < 1 or not isinstance(n, int) or not 1 <= n <= 16:
+            raise ValueError("'max_tokens' must be a positive integer and 'n' between 1 and 16")
+        stop = body.get("stop")
+        extra = [stop] if isinstance(stop, str) else list(stop or [])  # the client's stops cut the text below
+        params = types.SamplingParams(max_tokens=max_tokens, temperature=float(body.get("temperature", 1.0)),
+                                      top_p=float(body.get("top_p", 1.0)), seed=body.get("seed"),
+                                      stop=self.renderer.get_stop_sequences())
+        prompt = self.renderer.build_generation_prompt(messages)
+        with self.lock:
+            result = self.sampler.sample(prompt=prompt, num_samples=n, sampling_params=params).result()
+        choices, completion_tokens = [], 0
+        for i, seq in enumerate(result.sequences):
+            message, ok = self.renderer.parse_response(seq.tokens)
+            text = get_text_content(message)
+            finish = "stop" if ok else "length"
+            for s in extra:
+                if s in text:
+                    text, finish = text[:text.index(s)], "stop"
+            choices.append({"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
+            completion_tokens += len(seq.tokens)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model_name, "choices": choices,
+                "usage": {"prompt_tokens": prompt.length, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt.length + completion_tokens}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ModelServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):  # quiet: one line per request is noise under an evaluation
+        pass
+
+    def _send(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        self._send(status, {"error": {"message": message, "type": kind}})
+
+    def _authorised(self) -> bool:
+        if self.server.api_key and self.headers.get("Authorization") != f"Bearer {self.server.api_key}":
+            self._error(401, "missing or wrong API key (send Authorization: Bearer KEY)", "authentication_error")
+            return False
+        return True
+
+    def do_GET(self):
+        if not self._authorised():
+            return
+        if self.path.rstrip("/") in ("/v1/models", "/models"):
+            self._send(200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model",
+                                                          "owned_by": "strop"}]})
+        elif self.path == "/health":
+            self._send(200, {"status": "ok"})
+        else:
+            self._error(404, f"no route {self.path}; try /v1/chat/completions or /v1/models")
+
+    def do_POST(self):
+        if not self._authorised():
+            return
+        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+            self._error(404, f"no route {self.path}; try /v1/chat/completions")
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > self.server.max_body:
+            self._error(413, f"request body of {length} bytes is over the limit of {self.server.max_body}")
+            return
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+            self._send(200, self.server.complete(body))
+        except (ValueError, TypeError) as exc:
+            self._error(400, str(exc))
+        except Exception as exc:  # noqa: BLE001 - the client gets a 500 with the reason, the server keeps going
+            self._error(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+def make_server(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+                adapter: str | None = None, base_path: str | None = None, name: str | None = None,
+                max_body: int = MAX_BODY) -> ModelServer:
+    """A server for `model` (a base model id or folder), optionally with a LoRA adapter directory on top."""
+    import strop
+    from strop import model_info
+    from strop.renderers import get_renderer
+    from strop.tokenizer_utils import get_tokenizer
+    base = base_path or model
+    sampler = strop.ServiceClient().create_sampling_client(base_model=base, model_path=adapter)
+    renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(base))
+    return ModelServer((host, port), sampler, renderer, name or model, api_key, max_body)

@@ -1,0 +1,66 @@
+"""strop's OpenAI-compatible server, driven by the real openai client over loopback, and evaluations of
+`openai:NAME@URL` endpoints."""
+
+import json
+import threading
+
+import pytest
+from openai import OpenAI
+
+from strop.data import Row
+from strop.evals.openai_client import evaluate_openai, parse_openai_ref
+from strop.errors import StropError
+from strop.serve import make_server
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    srv = make_server(str(tiny_model_dir), port=0, name="tiny", api_key="sekret", max_body=4096)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def url(srv):
+    return f"http://127.0.0.1:{srv.server_port}/v1"
+
+
+def test_chat_completions_with_the_real_client(server):
+    client = OpenAI(base_url=url(server), api_key="sekret", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is 2 + 3?"}],
+                                           max_tokens=5, temperature=0)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert 0 < reply.usage.completion_tokens <= 5 and reply.usage.prompt_tokens > 0
+    again = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is 2 + 3?"}],
+                                           max_tokens=5, temperature=0)
+    assert again.choices[0].message.content == reply.choices[0].message.content  # greedy is repeatable
+    many = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, n=3)
+    assert len(many.choices) == 3
+
+
+def test_key_size_and_bad_requests_are_refused(server):
+    import openai
+    with pytest.raises(openai.AuthenticationError):
+        OpenAI(base_url=url(server), api_key="wrong", max_retries=0).models.list()
+    client = OpenAI(base_url=url(server), api_key="sekret", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model="tiny", messages=[], max_tokens=3)
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x" * 5000}], max_tokens=3)
+    assert err.value.status_code == 413
+
+
+def test_evaluate_an_endpoint(server, monkeypatch):
+    monkeypatch.setenv("STROP_TEST_KEY", "sekret")
+    rows = [Row(question=f"What is {a} + 2?", answer=f"#### {a + 2}") for a in range(4)]
+    result = evaluate_openai(f"openai:tiny@{url(server)}", rows, "builtin:gsm8k", max_tokens=4, concurrency=2,
+                             api_key_env="STROP_TEST_KEY")
+    assert [i.index for i in result.items] == [0, 1, 2, 3] and result.summary["requestErrors"] == 0
+    assert all(i.tokens > 0 for i in result.items)
+    down = evaluate_openai("openai:tiny@http://127.0.0.1:9/v1", rows[:1], "builtin:gsm8k", max_retries=0, timeout=2)
+    assert down.summary["requestErrors"] == 1 and down.items[0].score == 0.0 and "request failed" in down.items[0].error
+    with pytest.raises(StropError, match="openai:NAME@URL"):
+        parse_openai_ref("openai:no-url")
