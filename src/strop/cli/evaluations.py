@@ -24,19 +24,24 @@ def register(nouns) -> None:
     add_output_flags(start)
     start.set_defaults(handler=_start)
 
-    wait = verbs.add_parser("wait", help="wait until the evaluation finishes")
+    wait = verbs.add_parser("wait", help="wait until the evaluation finishes",
+                            epilog='example:\n  strop evaluations wait "$EVAL" --exit-status',
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     wait.add_argument("evaluation", metavar="EVAL")
     wait.add_argument("--exit-status", action="store_true", help="exit 0 only if it succeeded")
     wait.add_argument("--timeout", type=float, help="give up after this many seconds")
     add_output_flags(wait)
     wait.set_defaults(handler=_wait)
 
-    get = verbs.add_parser("get", help="show an evaluation's status")
+    get = verbs.add_parser("get", help="show an evaluation's status", epilog='example:\n  strop evaluations get "$EVAL" --jq .status',
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     get.add_argument("evaluation", metavar="EVAL")
     add_output_flags(get)
     get.set_defaults(handler=_get)
 
-    report = verbs.add_parser("report", help="mean score, n, accuracy, parse failures (-o json adds per-item rows)")
+    report = verbs.add_parser("report", help="mean score, n, accuracy, parse failures (-o json adds per-item rows)",
+                              epilog='example:\n  strop evaluations report "$EVAL" -o json --jq \'.items[] | select(.correct | not)\'',
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     report.add_argument("evaluation", metavar="EVAL")
     add_output_flags(report)
     report.set_defaults(handler=_report)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from strop.cli.output import add_output_flags, emit, format_table
 
 
@@ -10,11 +12,13 @@ def register(nouns) -> None:
                               description="A run that succeeds registers its tuned model (the LoRA adapter on its "
                                           "base model) under a modelId. Example: strop models get model-2d69fb15")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    ls = verbs.add_parser("list", help="list tuned models, newest first")
+    ls = verbs.add_parser("list", help="list tuned models, newest first", epilog="example:\n  strop models list -o json",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     add_output_flags(ls)
     ls.set_defaults(handler=_list)
     for name, handler, help_ in (("get", _get, "show a model"), ("delete", _delete, "delete a model's record")):
-        p = verbs.add_parser(name, help=help_)
+        p = verbs.add_parser(name, help=help_, epilog=f"example:\n  strop models {name} model-2d69fb15",
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("model", metavar="MODEL_ID")
         add_output_flags(p)
         p.set_defaults(handler=handler)

@@ -19,12 +19,14 @@ def register(nouns) -> None:
     add_output_flags(create)
     create.set_defaults(handler=_create)
 
-    get = verbs.add_parser("get", help="show a project")
+    get = verbs.add_parser("get", help="show a project", epilog="example:\n  strop projects get gsm8k -o json",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     get.add_argument("name", metavar="NAME")
     add_output_flags(get)
     get.set_defaults(handler=_get)
 
-    ls = verbs.add_parser("list", help="list projects")
+    ls = verbs.add_parser("list", help="list projects", epilog="example:\n  strop projects list --jq '.[].name'",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     add_output_flags(ls)
     ls.set_defaults(handler=_list)
 

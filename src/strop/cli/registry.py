@@ -35,11 +35,14 @@ def _kind(kinds, kind: str) -> None:
     add_output_flags(reg)
     reg.set_defaults(handler=lambda a: _register(a, kind))
 
-    ls = verbs.add_parser("list", help=f"list registered {kind}")
+    ls = verbs.add_parser("list", help=f"list registered {kind}", epilog=f"example:\n  strop registry {kind} list -o json",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     add_output_flags(ls)
     ls.set_defaults(handler=lambda a: _list(a, kind))
 
-    get = verbs.add_parser("get", help="show one version (NAME for the latest, NAME@VERSION)")
+    get = verbs.add_parser("get", help="show one version (NAME for the latest, NAME@VERSION)",
+                           epilog=f"example:\n  strop registry {kind} get {'gsm8k/train@1' if kind == 'datasets' else 'gsm8k/scoring'}",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     get.add_argument("ref", metavar="NAME[@VERSION]")
     add_output_flags(get)
     get.set_defaults(handler=lambda a: _get(a, kind))
