@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -20,18 +19,10 @@ from pathlib import Path
 import strop
 from strop import model_info, renderers, types
 from strop.data import generate
+from strop.evals.stats import mcnemar_exact
 from strop.models import DEFAULT_MODEL
 from strop.rl import GRPOConfig, run_grpo
 from strop.scoring import load_grader
-
-
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value: under no change, the b + c discordant pairs split 50/50."""
-    n = b + c
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n
-    return min(1.0, 2 * tail)
 
 
 def held_out(level: str, n: int) -> list:
