@@ -397,3 +397,19 @@ def test_evaluate_an_openai_compatible_endpoint(workspace, capsys, tiny_model_di
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_bundle_unpacked_by_many_processes_at_once(workspace, capsys):
+    """Workers of runs started together unpack the same bundle version concurrently; none may fail."""
+    import subprocess
+    import sys
+    # each process imports first, then all unpack at the same wall-clock moment
+    code = ("import sys, time; from strop.control import registry; registry.get_bundle('arith/scoring'); "
+            "time.sleep(max(0.0, float(sys.argv[1]) - time.time())); print(registry.bundle_dir('arith/scoring')[0])")
+    start_at = str(time.time() + 15)
+    procs = [subprocess.Popen([sys.executable, "-c", code, start_at], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(6)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in results]
+    folders = {out.strip() for out, _ in results}
+    assert len(folders) == 1 and (Path(folders.pop()) / "reward.py").is_file()

@@ -12,7 +12,9 @@ existing version already holds returns that version, so a walkthrough can regist
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -108,7 +110,17 @@ def bundle_dir(ref: str) -> tuple[Path, dict]:
     version = get_bundle(ref)
     dest = strop_home() / "bundles" / version["sha256"]
     if not dest.exists():
-        artifacts.extract_dir(version["sha256"], dest)
+        # two workers may unpack the same version at once: each unpacks into its own folder, and the one whose
+        # rename loses finds the winner's identical copy in place
+        mine = dest.with_name(f".{dest.name}.{os.getpid()}")
+        shutil.rmtree(mine, ignore_errors=True)
+        artifacts.extract_dir(version["sha256"], mine)
+        try:
+            os.rename(mine, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+            shutil.rmtree(mine, ignore_errors=True)
     return dest, version
 
 
