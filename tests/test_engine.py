@@ -214,3 +214,30 @@ def test_batched_logprobs_match_one_at_a_time(training):
         alone = sampler.compute_logprobs(mi).result()
         assert len(lps) == mi.length and lps[0] is None
         assert lps[1:] == pytest.approx(alone[1:], abs=1e-5)
+
+
+JUDGE_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["score", "reasoning"],
+                "properties": {"score": {"type": "integer", "minimum": 0, "maximum": 5},
+                               "reasoning": {"type": "string", "pattern": "[a-zA-Z0-9 ,.]{0,40}"}}}
+
+
+def test_json_schema_holds_a_random_model_to_valid_json(training):
+    tok = training.get_tokenizer()
+    sampler = training.save_weights_and_get_sampling_client()
+    free = types.SamplingParams(max_tokens=120, seed=5, temperature=1.0)
+    held = types.SamplingParams(max_tokens=120, seed=5, temperature=1.0, json_schema=JUDGE_SCHEMA)
+    unconstrained = sampler.sample(prompt=prompt_of(tok), num_samples=4, sampling_params=free)
+    constrained = sampler.sample(prompt=prompt_of(tok), num_samples=4, sampling_params=held)
+    for seq in unconstrained.result().sequences:  # the random model on its own never writes this JSON
+        with pytest.raises(ValueError):
+            json.loads(tok.decode(seq.tokens, skip_special_tokens=True))
+    for seq in constrained.result().sequences:
+        verdict = json.loads(tok.decode(seq.tokens, skip_special_tokens=True))
+        assert set(verdict) == {"score", "reasoning"}
+        assert isinstance(verdict["score"], int) and 0 <= verdict["score"] <= 5
+        assert seq.stop_reason == "stop" and len(seq.logprobs) == len(seq.tokens)
+
+
+def test_a_schema_that_is_not_one_is_refused(training):
+    with pytest.raises(StropError, match="json_schema"):
+        types.SamplingParams(json_schema=["not", "a", "schema"])

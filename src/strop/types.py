@@ -18,6 +18,7 @@ tokens[0..t], so `target_tokens[t]` is the token that follows input token t.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
@@ -141,7 +142,11 @@ class Datum:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. `stop` is a list of strings or a list of token ids; `seed` makes sampling repeatable."""
+    """How to sample. `stop` is a list of strings or a list of token ids; `seed` makes sampling repeatable.
+
+    `json_schema` (a strop extension) constrains the output to JSON valid under that schema by
+    grammar-constrained decoding: tokens the grammar forbids are masked out before each choice.
+    """
 
     max_tokens: int | None = None
     seed: int | None = None
@@ -149,6 +154,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
+    json_schema: dict | str | None = None
 
     def __post_init__(self):
         if self.max_tokens is not None and self.max_tokens <= 0:
@@ -159,6 +165,10 @@ class SamplingParams:
             raise StropError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise StropError(f"SamplingParams.top_k must be a positive count, or -1 for no limit; got {self.top_k}")
+        if isinstance(self.json_schema, dict):  # kept as JSON text (property order kept: it is the order of generation), so params stay hashable
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+        elif self.json_schema is not None and not isinstance(self.json_schema, str):
+            raise StropError(f"SamplingParams.json_schema must be a JSON schema (a dict or its JSON text), got {type(self.json_schema).__name__}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif self.stop is not None:

@@ -67,6 +67,7 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: str | None = None
+    matcher: object | None = None  # an xgrammar GrammarMatcher when the output is held to a JSON schema
 
 
 def row_seed(seed: int, index: int) -> int:
@@ -89,6 +90,8 @@ class SamplerEngine:
         self._active: AdapterWeights | None = None
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self._grammars: dict[str, object] = {}
+        self._grammar_compiler = None
 
     # ---- adapters -------------------------------------------------------------------------------------
     def activate(self, adapter: AdapterWeights | None) -> None:
@@ -133,8 +136,25 @@ class SamplerEngine:
             generator = torch.Generator().manual_seed(row_seed(base_seed, i))
             rows.append(_Row(prompt_index=index, generator=generator, params=params,
                              max_tokens=params.max_tokens or DEFAULT_MAX_TOKENS,
-                             stop_ids=stop_ids, stop_strings=stop_strings))
+                             stop_ids=stop_ids, stop_strings=stop_strings,
+                             matcher=self._matcher(params.json_schema) if params.json_schema else None))
         return rows
+
+    def _matcher(self, schema: str):
+        """A fresh grammar matcher for a JSON schema (xgrammar; the compiled grammar is cached per schema)."""
+        import xgrammar
+        if self.tokenizer is None:
+            raise ValueError("json_schema sampling needs a tokenizer; give the sampler one")
+        if self._grammar_compiler is None:
+            info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.model.config.vocab_size,
+                                                           stop_token_ids=sorted(self.eos_ids) or None)
+            self._grammar_compiler = xgrammar.GrammarCompiler(info)
+        if schema not in self._grammars:
+            try:
+                self._grammars[schema] = self._grammar_compiler.compile_json_schema(schema, any_whitespace=False)
+            except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its parser's message
+                raise ValueError(f"json_schema cannot be compiled to a grammar: {exc}") from None
+        return xgrammar.GrammarMatcher(self._grammars[schema])
 
     def _split_stops(self, stop) -> tuple[frozenset[int], tuple[str, ...]]:
         ids, strings = set(self.eos_ids), []
@@ -179,7 +199,9 @@ class SamplerEngine:
                 token = int(tokens_B[b])
                 row.tokens.append(token)
                 row.logprobs.append(float(logprobs_B[b]))
-                if token in row.stop_ids or self._hit_stop_string(row):
+                if row.matcher is not None and not row.matcher.is_terminated():
+                    row.matcher.accept_token(token)
+                if token in row.stop_ids or self._hit_stop_string(row) or (row.matcher is not None and row.matcher.is_terminated()):
                     row.stop_reason = "stop"
                 elif len(row.tokens) >= row.max_tokens:
                     row.stop_reason = "length"
@@ -198,6 +220,13 @@ class SamplerEngine:
             logits_B_V = out.logits[:, -1, :].float()
             next_pos_B = next_pos_B + 1
 
+    def _mask_to_grammar(self, logits_B_V: torch.Tensor, b: int, matcher) -> None:
+        import xgrammar
+        bitmask = xgrammar.allocate_token_bitmask(1, self.model.config.vocab_size)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        row_V = logits_B_V[b:b + 1, :self.model.config.vocab_size]
+        xgrammar.apply_token_bitmask_inplace(row_V, bitmask)
+
     def _hit_stop_string(self, row: _Row) -> bool:
         if not row.stop_strings:
             return False
@@ -208,10 +237,12 @@ class SamplerEngine:
 
     def _pick(self, logits_B_V: torch.Tensor, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
         """Choose each row's next token under its own sampling params; return tokens and model logprobs."""
-        logprobs_B_V = torch.log_softmax(logits_B_V, dim=-1)
+        logprobs_B_V = torch.log_softmax(logits_B_V, dim=-1)  # the model's own, before any grammar mask
         tokens = torch.empty(len(rows), dtype=torch.long)
         for b, row in enumerate(rows):
             p = row.params
+            if row.matcher is not None:
+                self._mask_to_grammar(logits_B_V, b, row.matcher)
             if p.temperature == 0:
                 tokens[b] = torch.argmax(logits_B_V[b])
                 continue

@@ -5,7 +5,8 @@ use a base or tuned model by URL.
     threading.Thread(target=server.serve_forever, daemon=True).start()
     # OpenAI(base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key="unused").chat.completions.create(...)
 
-Endpoints: GET /v1/models, POST /v1/chat/completions (messages, max_tokens, temperature, top_p, n, stop, seed).
+Endpoints: GET /v1/models, POST /v1/chat/completions (messages, max_tokens, temperature, top_p, n, stop, seed,
+response_format: json_object or json_schema, enforced by grammar-constrained decoding).
 It binds to 127.0.0.1 unless told otherwise, checks `Authorization: Bearer KEY` when given a key, and refuses
 request bodies over `max_body` bytes. Requests are served one generation at a time (one model, one CPU).
 """
@@ -19,6 +20,23 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MAX_BODY = 1 << 20
+
+
+def schema_of(response_format) -> dict | None:
+    """The JSON schema a request's `response_format` holds the output to (None for free text)."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if isinstance(schema, dict):
+            return schema
+        raise ValueError("'response_format' json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}")
+    raise ValueError("'response_format' must be {'type': 'text' | 'json_object' | 'json_schema', ...}")
 
 
 class ModelServer(ThreadingHTTPServer):
@@ -44,7 +62,8 @@ class ModelServer(ThreadingHTTPServer):
         extra = [stop] if isinstance(stop, str) else list(stop or [])  # the client's stops cut the text below
         params = types.SamplingParams(max_tokens=max_tokens, temperature=float(body.get("temperature", 1.0)),
                                       top_p=float(body.get("top_p", 1.0)), seed=body.get("seed"),
-                                      stop=self.renderer.get_stop_sequences())
+                                      stop=self.renderer.get_stop_sequences(),
+                                      json_schema=schema_of(body.get("response_format")))
         prompt = self.renderer.build_generation_prompt(messages)
         with self.lock:
             result = self.sampler.sample(prompt=prompt, num_samples=n, sampling_params=params).result()

@@ -314,4 +314,6 @@ class EvaluationItem(Base):
     correct: Mapped[bool | None] = mapped_column(Boolean)
     tokens: Mapped[int | None] = mapped_column(Integer)
     latency_s: Mapped[float | None] = mapped_column(Float)
+    # The LLM judge's verdict: {"scores": {metric: int}, "reasoning": str} or {"error": why none was had}.
+    judge: Mapped[dict[str, Any] | None] = mapped_column()
 
