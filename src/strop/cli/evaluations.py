@@ -13,14 +13,22 @@ def register(nouns) -> None:
                                           "registered dataset with a grader, in a background worker.")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     start = verbs.add_parser("start", help="start an evaluation (prints its evaluationId)",
-                             epilog="example:\n  EVAL=$(strop evaluations start --model \"$MODEL\" --dataset gsm8k/eval "
-                                    "--grader bundle:gsm8k/scoring#reward:compute_score -o json --jq .evaluationId)",
+                             epilog="examples:\n  EVAL=$(strop evaluations start --model \"$MODEL\" --dataset gsm8k/eval "
+                                    "--grader bundle:gsm8k/scoring#reward:compute_score -o json --jq .evaluationId)\n"
+                                    "  strop evaluations start --model \"$MODEL\" --config eval.yaml --judge local",
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    start.add_argument("--model", required=True, help="a modelId (model-...) or a selected base model id")
-    start.add_argument("--dataset", required=True, help="registered dataset: NAME or NAME@VERSION")
-    start.add_argument("--grader", required=True, help="bundle:NAME[@VERSION]#MODULE:FUNCTION or builtin:gsm8k")
-    start.add_argument("--samples", type=int, default=1, help="samples per problem; > 1 reports pass@k (default: 1, greedy)")
-    start.add_argument("--max-tokens", type=int, default=256, help="most tokens per response (default: %(default)s)")
+    start.add_argument("--model", help="a modelId (model-...), a selected base model id, or openai:NAME@URL")
+    start.add_argument("--dataset", help="registered dataset: NAME or NAME@VERSION")
+    start.add_argument("--grader", help="bundle:NAME[@VERSION]#MODULE:FUNCTION or builtin:gsm8k (default: builtin:gsm8k)")
+    start.add_argument("--config", metavar="FILE", help="evaluation config (YAML: dataset, grader, judge, metrics; "
+                                                         "see `strop.evals.config`); flags given here win over it")
+    start.add_argument("--samples", type=int, help="samples per problem; > 1 reports pass@k (default: 1, greedy)")
+    start.add_argument("--max-tokens", type=int, help="most tokens per response (default: 256)")
+    start.add_argument("--limit", type=int, help="evaluate only the first N items")
+    start.add_argument("--judge", help="also score each response with an LLM judge: openai:NAME@URL, local "
+                                       "(the default local model) or a model id; seed 000's rubric unless --config "
+                                       "names metrics")
+    start.add_argument("--judge-retries", type=int, help="ask again this many times after a bad verdict (default: 2)")
     add_output_flags(start)
     start.set_defaults(handler=_start)
 
@@ -55,6 +63,12 @@ def _show(r: dict) -> str:
         lines.append(f"n: {s['n']}  mean score: {s['meanScore']:.4f}  accuracy: {s['accuracy']:.1%}  "
                      f"parse failures: {s['parseFailures']}  grader errors: {s['graderErrors']}")
         lines.extend(f"{k}: {v:.1%}" for k, v in s.items() if k.startswith("pass@"))
+    judge = s.get("judge")
+    if judge:
+        means = "  ".join(f"{k} {v:.2f}" for k, v in (judge.get("means") or {}).items())
+        kappa = judge.get("kappa")
+        lines.append(f"judge {judge['model']}: {means}  failures: {judge['failures']}/{judge['judged'] + judge['failures']}"
+                     + (f"  kappa vs exact: {kappa:.2f}" if kappa is not None else ""))
     if r.get("error"):
         lines.append(f"error: {r['error']}")
     return "\n".join(lines)
@@ -62,7 +76,18 @@ def _show(r: dict) -> str:
 
 def _start(args) -> int:
     from strop.control import evaluations
-    result = evaluations.start(args.model, args.dataset, args.grader, samples=args.samples, max_tokens=args.max_tokens)
+    from strop.evals.config import EvalConfig, load_eval_config
+    config = load_eval_config(args.config) if args.config else EvalConfig()
+    kwargs = config.start_kwargs()
+    for key, value in (("dataset", args.dataset), ("grader", args.grader), ("samples", args.samples),
+                       ("max_tokens", args.max_tokens), ("limit", args.limit), ("judge", args.judge),
+                       ("judge_retries", args.judge_retries)):
+        if value is not None:
+            kwargs[key] = value
+    model = args.model or config.model
+    if not model:
+        raise evaluations.EvaluationError("give --model (or model: in --config)")
+    result = evaluations.start(model, **kwargs)
     emit(args, result, lambda r: r["evaluationId"])
     return 0
 

@@ -17,7 +17,7 @@ from strop.errors import StropError
 
 def build_parser() -> argparse.ArgumentParser:
     from strop import __version__
-    from strop.cli import base_models, evaluations, models, projects, registry, runs, serve, train
+    from strop.cli import base_models, compare, evaluations, models, projects, quickstart, registry, runs, serve, train
 
     parser = argparse.ArgumentParser(
         prog="strop",
@@ -31,9 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     runs.register(nouns)
     models.register(nouns)
     evaluations.register(nouns)
+    compare.register(nouns)
     serve.register(nouns)
     base_models.register(nouns)
     train.register(nouns)
+    quickstart.register(nouns)
     return parser
 
 

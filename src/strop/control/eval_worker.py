@@ -22,6 +22,20 @@ def grader_ref(ref: str) -> str:
     return f"{folder}#{parts['module']}:{parts['function']}"
 
 
+def judge_items(settings: dict | None, items) -> tuple[list, dict | None]:
+    """The judge's verdict on each item (None each when no judge was asked for) and their summary."""
+    if not settings:
+        return [None] * len(items), None
+    from strop.control.evaluations import resolve_judge
+    from strop.evals.judge import JudgeInput, Judge, summarize_verdicts
+    target = resolve_judge(settings["model"])
+    judge = Judge(target.get("openai") or target["basePath"], settings.get("metrics") or None,
+                  retries=settings.get("retries", 2), adapter=target.get("adapter"))
+    verdicts = judge.judge_many([JudgeInput(i.question, i.gold, i.response) for i in items])
+    summary = summarize_verdicts(verdicts, judge.metrics, exact=[i.correct for i in items])
+    return verdicts, {**summary, "model": settings["model"], "schemaEnforced": judge.schema_enforced}
+
+
 def main(evaluation_id: str) -> int:
     from strop.control.evaluations import eval_dir, resolve_model
     from strop.data import load_rows
@@ -37,20 +51,23 @@ def main(evaluation_id: str) -> int:
         rows_path = folder / f"dataset{Path(source or 'rows.jsonl').suffix or '.jsonl'}"
         shutil.copyfile(artifacts.path_of(sha), rows_path)
         model = resolve_model(model_ref)
-        rows, grader, max_tokens = load_rows(str(rows_path)), grader_ref(ref), int(summary.get("maxTokens", 256))
+        rows = load_rows(str(rows_path), limit=summary.get("limit"), fields=summary.get("fields"))
+        grader, max_tokens = grader_ref(ref), int(summary.get("maxTokens", 256))
         if model.get("openai"):
             from strop.evals.openai_client import evaluate_openai
             result = evaluate_openai(model["openai"], rows, grader, max_tokens=max_tokens)
         else:
             result = evaluate_local(model["basePath"], rows, grader, adapter=model["adapter"], samples=samples,
                                     max_tokens=max_tokens, progress=False)
+        verdicts, judged = judge_items(summary.get("judgeSettings"), result.items)
         with session_scope(open_store()) as s:
-            for item in result.items:
+            for item, verdict in zip(result.items, verdicts):
                 s.add(EvaluationItem(evaluation_id=evaluation_id, item_index=item.index, sample=0, question=item.question,
                                      gold=item.gold, response=item.response, extracted=item.extracted, score=item.score,
-                                     correct=item.correct, tokens=item.tokens, latency_s=item.latency_s))
+                                     correct=item.correct, tokens=item.tokens, latency_s=item.latency_s,
+                                     judge=verdict and verdict.to_dict()))
             evaluation = s.get(Evaluation, evaluation_id)
-            evaluation.summary = {**summary, **result.summary}
+            evaluation.summary = {**summary, **result.summary, **({"judge": judged} if judged else {})}
             evaluation.status, evaluation.finished_at = "succeeded", utcnow()
         return 0
     except BaseException as exc:  # noqa: BLE001 - the record must say why it stopped

@@ -44,24 +44,50 @@ def resolve_model(ref: str) -> dict:
     return {"modelId": None, "baseModel": ref, "basePath": base_models.require_selected(ref), "adapter": None}
 
 
-def start(model: str, dataset: str, grader: str, *, samples: int = 1, max_tokens: int = 256,
-          run_id: str | None = None, run_step: int | None = None) -> dict:
-    """Admit and start an evaluation; `run_id`/`run_step` tie it to the run that asked for it."""
+def resolve_judge(ref: str) -> dict:
+    """A judge as the worker runs it: an endpoint, or a local base path with an optional adapter."""
+    if ref.startswith("openai:"):
+        return resolve_model(ref)
+    from strop.models.catalog import DEFAULT_MODEL
+    return resolve_model(DEFAULT_MODEL if ref == "local" else ref)
+
+
+def start(model: str, dataset: str, grader: str = "builtin:gsm8k", *, samples: int = 1, max_tokens: int = 256,
+          limit: int | None = None, fields: dict | None = None, judge: str | None = None, judge_metrics=None,
+          judge_retries: int = 2, run_id: str | None = None, run_step: int | None = None) -> dict:
+    """Admit and start an evaluation; `run_id`/`run_step` tie it to the run that asked for it.
+
+    `limit` evaluates the first N items; `fields` maps question/answer to the dataset's columns; `judge`
+    ('openai:NAME@URL', 'local' or a model id) scores each response on `judge_metrics` (default: seed 000's
+    rubric) after exact grading.
+    """
     if samples < 1:
         raise EvaluationError(f"--samples must be at least 1, got {samples}")
     if max_tokens < 1:
         raise EvaluationError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if limit is not None and limit < 1:
+        raise EvaluationError(f"--limit must be at least 1, got {limit}")
     if samples > 1 and model.startswith("openai:"):
         raise EvaluationError("--samples > 1 (pass@k) is for local models; an endpoint is evaluated greedily once")
+    if not dataset:
+        raise EvaluationError("an evaluation needs a dataset: --dataset NAME, or dataset: in --config")
     resolved = resolve_model(model)
     parse_grader(grader)
+    judge_settings = None
+    if judge is not None or judge_metrics:
+        from strop.evals.judge import metrics_from
+        metrics_from(judge_metrics)  # refuses a bad metric now, not in the worker
+        judge = judge or "local"
+        resolve_judge(judge)
+        judge_settings = {"model": judge, "metrics": list(judge_metrics or []), "retries": judge_retries}
     version = registry.get_dataset(dataset)
     with session_scope(open_store()) as s:
         version_row = s.scalar(select(DatasetVersion).join(Dataset).where(
             Dataset.name == version["name"], DatasetVersion.version == version["version"]))
         evaluation = Evaluation(model_ref=model, model_id=resolved["modelId"], dataset_version_id=version_row.id,
                                 grader_ref=grader, samples=samples, status="pending", run_id=run_id, run_step=run_step,
-                                summary={"maxTokens": max_tokens, "dataset": version["ref"]})
+                                summary={"maxTokens": max_tokens, "dataset": version["ref"], "limit": limit,
+                                         "fields": fields, "judgeSettings": judge_settings})
         s.add(evaluation)
         s.flush()
         evaluation_id = evaluation.id
@@ -84,8 +110,11 @@ def _load(s, evaluation_id: str) -> Evaluation:
 
 def _dict(e: Evaluation) -> dict:
     summary = dict(e.summary or {})
+    settings = {key: summary.pop(key, None) for key in ("limit", "fields", "judgeSettings")}
     return {"evaluationId": e.id, "model": e.model_ref, "modelId": e.model_id, "dataset": summary.pop("dataset", None),
-            "grader": e.grader_ref, "samples": e.samples, "status": e.status, "summary": summary, "error": e.error,
+            "grader": e.grader_ref, "samples": e.samples, "status": e.status, "limit": settings["limit"],
+            "judge": (settings["judgeSettings"] or {}).get("model"), "runId": e.run_id, "runStep": e.run_step,
+            "summary": summary, "error": e.error,
             "createdAt": e.created_at.isoformat(), "finishedAt": e.finished_at and e.finished_at.isoformat()}
 
 
@@ -109,5 +138,5 @@ def report(evaluation_id: str, *, items: bool = False) -> dict:
                              .order_by(EvaluationItem.item_index, EvaluationItem.sample)).all()
             info["items"] = [{"index": r.item_index, "question": r.question, "gold": r.gold, "response": r.response,
                               "extracted": r.extracted, "score": r.score, "correct": r.correct, "tokens": r.tokens,
-                              "latencySeconds": r.latency_s} for r in rows]
+                              "latencySeconds": r.latency_s, "judge": r.judge} for r in rows]
     return info

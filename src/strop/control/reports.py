@@ -1,0 +1,44 @@
+"""Evidence on disk: a comparison's dashboard, a run's training curves, and one HTML report holding both.
+
+    files = write_report("out/", comparison=compare_evaluations(a, b), run_id="run-3f9a1c2e")
+    files["html"], files["dashboard"], files["training"]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from strop.errors import StropError
+
+
+def write_report(out: str | Path, *, comparison: dict | None = None, run_id: str | None = None,
+                 title: str | None = None, extra: dict | None = None) -> dict:
+    """Write dashboard.png (with a comparison), training.png (with a run), report.html and comparison.json."""
+    from strop.report import render_dashboard, render_training_curves
+    from strop.report import write_report as write_html
+    if comparison is None and run_id is None:
+        raise StropError("a report needs a comparison (two evaluations) or a run, or both")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, str] = {}
+    metrics_rows = None
+    if run_id is not None:
+        from strop.control import runs
+        metrics_rows = runs.metrics(run_id)
+        if metrics_rows:
+            files["training"] = str(render_training_curves(metrics_rows, out / "training.png"))
+        else:
+            metrics_rows = None
+    if comparison is not None:
+        files["dashboard"] = str(_path_of(render_dashboard(comparison, out / "dashboard.png")))
+        (out / "comparison.json").write_text(json.dumps(comparison, indent=1, default=str))
+        files["comparison"] = str(out / "comparison.json")
+    if title is None:
+        title = (f"{comparison['b']['label']} vs {comparison['a']['label']}" if comparison else f"run {run_id}")
+    files["html"] = str(write_html(out / "report.html", comparison, metrics_rows, title, extra))
+    return files
+
+
+def _path_of(result) -> Path:
+    return Path(getattr(result, "path", result))
