@@ -111,9 +111,11 @@ metrics:
         load_eval_config(path)
 
 
-def test_judged_evaluations_compared_into_tables_and_a_report(home, tmp_path, capsys, tiny_model_dir):  # noqa: F811
+def test_judged_evaluations_compared_into_tables_and_a_report(home, tmp_path, capsys, tiny_model_dir,  # noqa: F811
+                                                              monkeypatch):
     from strop.serve import make_server
-    server = make_server(str(tiny_model_dir), port=0, name="judge")
+    server = make_server(str(tiny_model_dir), port=0, name="judge", api_key="sekret")
+    monkeypatch.setenv("JUDGE_KEY", "sekret")  # the workers read the key from the variable named
     threading.Thread(target=server.serve_forever, daemon=True).start()
     judge = f"openai:judge@http://127.0.0.1:{server.server_port}/v1"
     try:
@@ -125,7 +127,8 @@ def test_judged_evaluations_compared_into_tables_and_a_report(home, tmp_path, ca
                           "    score_range: [1, 3]\n")
         evals = []
         for model in ("strop/tiny-random", f"openai:judge@http://127.0.0.1:{server.server_port}/v1"):
-            code, out, err = run(capsys, "evaluations", "start", "--model", model, "--config", config, "--jq", ".evaluationId")
+            code, out, err = run(capsys, "evaluations", "start", "--model", model, "--config", config,
+                                 "--api-key-env", "JUDGE_KEY", "--jq", ".evaluationId")
             assert code == 0, err
             evals.append(out.strip())
         for evaluation in evals:

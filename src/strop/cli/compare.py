@@ -56,7 +56,7 @@ def _labels(text: str | None) -> tuple[str, str] | None:
 
 
 def _compare(args) -> int:
-    from strop.control.reports import write_report
+    from strop.control.reports import save_tables, write_report
     from strop.evals.compare import compare_evaluations, comparison_table
     comparison = compare_evaluations(args.eval_a, args.eval_b, labels=_labels(args.labels))
     result = {key: value for key, value in comparison.items() if key != "items"}
@@ -68,17 +68,6 @@ def _compare(args) -> int:
         note(f"report: {result['report']['html']}")
     emit(args, result, lambda r: comparison_table(comparison))
     return 0
-
-
-def save_tables(comparison: dict, *, url: str | None, mode: str) -> dict:
-    """Write the result tables, with each side's stored verdicts (reasoning, errors) alongside the scores."""
-    from strop.control import evaluations
-    from strop.evals.tables import write_tables
-    verdicts = {}
-    for side in ("a", "b"):
-        items = evaluations.report(comparison[side]["evaluationId"], items=True)["items"]
-        verdicts[side] = [item.get("judge") for item in items]
-    return write_tables(comparison, url=url, mode=mode, verdicts=verdicts)
 
 
 def _report(args) -> int:

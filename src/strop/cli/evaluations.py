@@ -28,6 +28,8 @@ def register(nouns) -> None:
     start.add_argument("--judge", help="also score each response with an LLM judge: openai:NAME@URL, local "
                                        "(the default local model) or a model id; seed 000's rubric unless --config "
                                        "names metrics")
+    start.add_argument("--api-key-env", help="environment variable holding the API key of openai:NAME@URL endpoints "
+                                             "(model and judge; default: OPENAI_API_KEY)")
     start.add_argument("--judge-retries", type=int, help="ask again this many times after a bad verdict (default: 2)")
     add_output_flags(start)
     start.set_defaults(handler=_start)
@@ -81,7 +83,7 @@ def _start(args) -> int:
     kwargs = config.start_kwargs()
     for key, value in (("dataset", args.dataset), ("grader", args.grader), ("samples", args.samples),
                        ("max_tokens", args.max_tokens), ("limit", args.limit), ("judge", args.judge),
-                       ("judge_retries", args.judge_retries)):
+                       ("judge_retries", args.judge_retries), ("api_key_env", args.api_key_env)):
         if value is not None:
             kwargs[key] = value
     model = args.model or config.model
@@ -94,13 +96,15 @@ def _start(args) -> int:
 
 def _wait(args) -> int:
     from strop.control import evaluations
+    from strop.control.progress import EvalBar
     seen = set()
-
-    def show(info):
-        if info["status"] not in seen:
-            seen.add(info["status"])
-            note(f"{info['evaluationId']}: {info['status']}")
-    info = evaluations.wait(args.evaluation, timeout=args.timeout, on_poll=show)
+    with EvalBar() as bar:
+        def show(info):
+            if info["status"] not in seen:
+                seen.add(info["status"])
+                note(f"{info['evaluationId']}: {info['status']}")
+            bar.update(info)
+        info = evaluations.wait(args.evaluation, timeout=args.timeout, on_poll=show)
     emit(args, info, _show)
     return 0 if (info["status"] == "succeeded" or not args.exit_status) else 1
 

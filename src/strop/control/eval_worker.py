@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import traceback
@@ -22,7 +23,17 @@ def grader_ref(ref: str) -> str:
     return f"{folder}#{parts['module']}:{parts['function']}"
 
 
-def judge_items(settings: dict | None, items) -> tuple[list, dict | None]:
+def progress_writer(path: Path):
+    """`report(phase, done, total, **more)` writes {phase, done, total, ...} to `path` atomically."""
+    def report(phase: str, done: int, total: int, **more) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"phase": phase, "done": done, "total": total, **more}))
+        tmp.replace(path)
+    return report
+
+
+def judge_items(settings: dict | None, items, api_key_env: str | None = None,
+                on_progress=None) -> tuple[list, dict | None]:
     """The judge's verdict on each item (None each when no judge was asked for) and their summary."""
     if not settings:
         return [None] * len(items), None
@@ -30,8 +41,9 @@ def judge_items(settings: dict | None, items) -> tuple[list, dict | None]:
     from strop.evals.judge import JudgeInput, Judge, summarize_verdicts
     target = resolve_judge(settings["model"])
     judge = Judge(target.get("openai") or target["basePath"], settings.get("metrics") or None,
-                  retries=settings.get("retries", 2), adapter=target.get("adapter"))
-    verdicts = judge.judge_many([JudgeInput(i.question, i.gold, i.response) for i in items])
+                  retries=settings.get("retries", 2), adapter=target.get("adapter"),
+                  api_key_env=api_key_env or "OPENAI_API_KEY")
+    verdicts = judge.judge_many([JudgeInput(i.question, i.gold, i.response) for i in items], on_progress=on_progress)
     summary = summarize_verdicts(verdicts, judge.metrics, exact=[i.correct for i in items])
     return verdicts, {**summary, "model": settings["model"], "schemaEnforced": judge.schema_enforced}
 
@@ -53,13 +65,17 @@ def main(evaluation_id: str) -> int:
         model = resolve_model(model_ref)
         rows = load_rows(str(rows_path), limit=summary.get("limit"), fields=summary.get("fields"))
         grader, max_tokens = grader_ref(ref), int(summary.get("maxTokens", 256))
+        report = progress_writer(folder / "progress.json")
+        generated = lambda done, total, correct: report("generate", done, total, correct=correct)  # noqa: E731
         if model.get("openai"):
             from strop.evals.openai_client import evaluate_openai
-            result = evaluate_openai(model["openai"], rows, grader, max_tokens=max_tokens)
+            result = evaluate_openai(model["openai"], rows, grader, max_tokens=max_tokens, on_progress=generated,
+                                     api_key_env=summary.get("apiKeyEnv") or "OPENAI_API_KEY")
         else:
             result = evaluate_local(model["basePath"], rows, grader, adapter=model["adapter"], samples=samples,
-                                    max_tokens=max_tokens, progress=False)
-        verdicts, judged = judge_items(summary.get("judgeSettings"), result.items)
+                                    max_tokens=max_tokens, progress=False, on_progress=generated)
+        verdicts, judged = judge_items(summary.get("judgeSettings"), result.items, summary.get("apiKeyEnv"),
+                                       on_progress=lambda done, total: report("judge", done, total))
         with session_scope(open_store()) as s:
             for item, verdict in zip(result.items, verdicts):
                 s.add(EvaluationItem(evaluation_id=evaluation_id, item_index=item.index, sample=0, question=item.question,

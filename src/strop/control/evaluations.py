@@ -8,6 +8,8 @@ background worker; per-item rows and a summary land in the store.
 
 from __future__ import annotations
 
+import json
+
 from sqlalchemy import select
 
 from strop.control import base_models, processes, registry
@@ -54,13 +56,17 @@ def resolve_judge(ref: str) -> dict:
 
 def start(model: str, dataset: str, grader: str = "builtin:gsm8k", *, samples: int = 1, max_tokens: int = 256,
           limit: int | None = None, fields: dict | None = None, judge: str | None = None, judge_metrics=None,
-          judge_retries: int = 2, run_id: str | None = None, run_step: int | None = None) -> dict:
+          judge_retries: int = 2, api_key_env: str = "OPENAI_API_KEY", run_id: str | None = None,
+          run_step: int | None = None) -> dict:
     """Admit and start an evaluation; `run_id`/`run_step` tie it to the run that asked for it.
 
     `limit` evaluates the first N items; `fields` maps question/answer to the dataset's columns; `judge`
     ('openai:NAME@URL', 'local' or a model id) scores each response on `judge_metrics` (default: seed 000's
-    rubric) after exact grading.
+    rubric) after exact grading. Endpoints read their API key from the variable `api_key_env` (only its name
+    is stored).
     """
+    if not api_key_env or not api_key_env.replace("_", "").isalnum():
+        raise EvaluationError(f"--api-key-env must name an environment variable, e.g. OPENAI_API_KEY; got {api_key_env!r}")
     if samples < 1:
         raise EvaluationError(f"--samples must be at least 1, got {samples}")
     if max_tokens < 1:
@@ -87,7 +93,8 @@ def start(model: str, dataset: str, grader: str = "builtin:gsm8k", *, samples: i
         evaluation = Evaluation(model_ref=model, model_id=resolved["modelId"], dataset_version_id=version_row.id,
                                 grader_ref=grader, samples=samples, status="pending", run_id=run_id, run_step=run_step,
                                 summary={"maxTokens": max_tokens, "dataset": version["ref"], "limit": limit,
-                                         "fields": fields, "judgeSettings": judge_settings})
+                                         "fields": fields, "judgeSettings": judge_settings,
+                                         "apiKeyEnv": api_key_env})
         s.add(evaluation)
         s.flush()
         evaluation_id = evaluation.id
@@ -110,7 +117,7 @@ def _load(s, evaluation_id: str) -> Evaluation:
 
 def _dict(e: Evaluation) -> dict:
     summary = dict(e.summary or {})
-    settings = {key: summary.pop(key, None) for key in ("limit", "fields", "judgeSettings")}
+    settings = {key: summary.pop(key, None) for key in ("limit", "fields", "judgeSettings", "apiKeyEnv")}
     return {"evaluationId": e.id, "model": e.model_ref, "modelId": e.model_id, "dataset": summary.pop("dataset", None),
             "grader": e.grader_ref, "samples": e.samples, "status": e.status, "limit": settings["limit"],
             "judge": (settings["judgeSettings"] or {}).get("model"), "runId": e.run_id, "runStep": e.run_step,
@@ -119,8 +126,15 @@ def _dict(e: Evaluation) -> dict:
 
 
 def get(evaluation_id: str) -> dict:
+    """An evaluation's record; while it runs, `progress` says how far it is ({phase, done, total, correct})."""
     with session_scope(open_store()) as s:
-        return _dict(_load(s, evaluation_id))
+        info = _dict(_load(s, evaluation_id))
+    if info["status"] == "running":
+        try:
+            info["progress"] = json.loads((eval_dir(evaluation_id) / "progress.json").read_text())
+        except (OSError, ValueError):  # not written yet, or being replaced this instant
+            info["progress"] = None
+    return info
 
 
 def wait(evaluation_id: str, *, timeout: float | None = None, interval: float = 1.0, on_poll=None) -> dict:

@@ -130,21 +130,10 @@ class _Manifest:
 
 
 def _wait_run(run_id: str, steps: int) -> dict:
-    from tqdm import tqdm
-
     from strop.control import runs
-    bar = tqdm(total=steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
-
-    def show(info):
-        done = len(runs.metrics(run_id))
-        bar.update(done - bar.n)
-        rows = runs.metrics(run_id)
-        if rows:
-            bar.set_postfix(reward=f"{rows[-1].get('reward', 0):.3f}", zvg=f"{rows[-1].get('zeroVarianceGroups', 0):.2f}")
-    try:
-        return runs.wait(run_id, on_poll=show, interval=2.0)
-    finally:
-        bar.close()
+    from strop.control.progress import RunBar
+    with RunBar(run_id, steps) as bar:
+        return runs.wait(run_id, on_poll=bar.update, interval=2.0)
 
 
 def _evaluate(model: str, dataset: str, o: QuickstartOptions, what: str) -> dict:
@@ -153,7 +142,9 @@ def _evaluate(model: str, dataset: str, o: QuickstartOptions, what: str) -> dict
                                 judge=o.judge)
     _say(f"{what}: evaluation {started['evaluationId']} of {model} on {o.eval_n} items"
          + (f", judged by {o.judge}" if o.judge else ""))
-    info = evaluations.wait(started["evaluationId"], interval=2.0)
+    from strop.control.progress import EvalBar
+    with EvalBar(what) as bar:
+        info = evaluations.wait(started["evaluationId"], interval=2.0, on_poll=bar.update)
     if info["status"] != "succeeded":
         raise StropError(f"{what} evaluation {info['evaluationId']} {info['status']}: {info.get('error')}")
     return info
@@ -207,7 +198,7 @@ def run_quickstart(o: QuickstartOptions) -> dict:
                   else o.base_model.rstrip("/").rsplit("/", 1)[-1] + " (base)")
     labels = (base_label, o.base_model.rstrip("/").rsplit("/", 1)[-1] + " (RL-tuned)")
     comparison = compare_evaluations(baseline["evaluationId"], tuned["evaluationId"], labels=labels)
-    from strop.cli.compare import save_tables
+    from strop.control.reports import save_tables
     results = save_tables(comparison, url=o.results_url, mode="overwrite")
     manifest.set(results={**results, "comparisonId": comparison["comparisonId"], "resultsUrl": o.results_url})
     files = write_report(out / "report", comparison=comparison, run_id=run["runId"],
@@ -229,14 +220,18 @@ def load_manifest(out: str | Path) -> dict:
 def cleanup(out: str | Path) -> dict:
     """Remove what the quickstart in `out` made: its result-table rows (and the tables when nothing else is in
     them), evaluations, tuned model, run, project, datasets and the folder. Nothing else is touched."""
-    from sqlalchemy import delete, select
+    from sqlalchemy import select
 
-    from strop.control import evaluations, runs
+    from strop.control import evaluations, registry, runs
     from strop.evals.tables import delete_comparison
     from strop.store import open_store, session_scope
-    from strop.store.schema import Dataset, DatasetVersion, Evaluation, Model, Project, Run
+    from strop.store.schema import Evaluation, Model, Project, Run
     m = load_manifest(out)
     removed: dict[str, list] = {"tables": [], "evaluations": [], "models": [], "runs": [], "projects": [], "datasets": []}
+    if m.get("run"):
+        status = runs.get(m["run"])["status"] if _exists(Run, m["run"]) else None
+        if status in ("pending", "running"):
+            raise StropError(f"run {m['run']} is still {status}; `strop runs cancel {m['run']}` first, then clean up")
     if m.get("results"):
         removed["tables"] = delete_comparison(m["results"]["comparisonId"], url=m["results"].get("resultsUrl"))
     with session_scope(open_store()) as s:
@@ -255,8 +250,6 @@ def cleanup(out: str | Path) -> dict:
             s.flush()
             run = s.get(Run, m["run"])
             if run is not None:
-                if run.status in ("pending", "running"):
-                    raise StropError(f"run {run.id} is still {run.status}; `strop runs cancel {run.id}` first")
                 s.delete(run)
                 removed["runs"].append(m["run"])
         s.flush()
@@ -265,15 +258,19 @@ def cleanup(out: str | Path) -> dict:
             if project is not None:
                 s.delete(project)
                 removed["projects"].append(m["project"])
-        for name in m.get("datasets") or []:
-            dataset = s.scalar(select(Dataset).where(Dataset.name == name))
-            if dataset is not None:
-                s.execute(delete(DatasetVersion).where(DatasetVersion.dataset_id == dataset.id))
-                s.delete(dataset)
-                removed["datasets"].append(name)
+    for name in m.get("datasets") or []:
+        if any(d["name"] == name for d in registry.list_datasets()):
+            registry.delete("dataset", name)
+            removed["datasets"].append(name)
     for evaluation_id in removed["evaluations"]:
         shutil.rmtree(evaluations.eval_dir(evaluation_id), ignore_errors=True)
     for run_id in removed["runs"]:
         shutil.rmtree(runs.run_dir(run_id), ignore_errors=True)
     shutil.rmtree(Path(out), ignore_errors=True)
     return removed
+
+
+def _exists(table, key) -> bool:
+    from strop.store import open_store, session_scope
+    with session_scope(open_store(), read_only=True) as s:
+        return s.get(table, key) is not None

@@ -40,5 +40,16 @@ def write_report(out: str | Path, *, comparison: dict | None = None, run_id: str
     return files
 
 
+def save_tables(comparison: dict, *, url: str | None, mode: str) -> dict:
+    """Write the result tables, with each side's stored verdicts (reasoning, errors) alongside the scores."""
+    from strop.control import evaluations
+    from strop.evals.tables import write_tables
+    verdicts = {}
+    for side in ("a", "b"):
+        items = evaluations.report(comparison[side]["evaluationId"], items=True)["items"]
+        verdicts[side] = [item.get("judge") for item in items]
+    return write_tables(comparison, url=url, mode=mode, verdicts=verdicts)
+
+
 def _path_of(result) -> Path:
     return Path(getattr(result, "path", result))

@@ -167,6 +167,8 @@ def parse_verdict(text: str, metrics: list[JudgeMetric]) -> tuple[dict[str, int]
 class Judge:
     """Scores responses with `model`: 'openai:NAME@URL', 'local' (the default local model) or a local model id."""
 
+    CHUNK = 32  # items per round of asking: one batch for a local model, `concurrency` at a time for an endpoint
+
     def __init__(self, model: str, metrics=None, *, retries: int = 2, max_tokens: int = 200, concurrency: int = 4,
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, local_model: str | None = None,
                  adapter: str | None = None):
@@ -184,34 +186,42 @@ class Judge:
     def ranges(self) -> dict[str, list[int]]:
         return {m.name: [m.low, m.high] for m in self.metrics}
 
-    def judge_many(self, items: list[JudgeInput], *, progress: bool = False) -> list[Verdict]:
+    def judge_many(self, items: list[JudgeInput], *, progress: bool = False, on_progress=None) -> list[Verdict]:
+        """A verdict per item. Items are asked in chunks (`CHUNK` at a time); `on_progress(settled, total)`
+        is called after each, where settled counts verdicts had plus items out of retries."""
         verdicts = [Verdict() for _ in items]
         bar = None
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=len(items), desc="judge", unit="item", file=sys.stderr, dynamic_ncols=True)
+        settled = 0
         pending = list(range(len(items)))
         for attempt in range(self.retries + 1):
-            if not pending:
-                break
-            replies = self._ask([items[i] for i in pending], attempt)
             still = []
-            for i, reply in zip(pending, replies):
-                verdict = verdicts[i]
-                verdict.attempts = attempt + 1
-                try:
-                    if isinstance(reply, Exception):
-                        raise ValueError(f"request failed: {type(reply).__name__}: {reply}")
-                    verdict.scores, verdict.reasoning = parse_verdict(reply, self.metrics)
-                    verdict.error = None
+            for start in range(0, len(pending), self.CHUNK):
+                chunk = pending[start:start + self.CHUNK]
+                for i, reply in zip(chunk, self._ask([items[i] for i in chunk], attempt)):
+                    verdict = verdicts[i]
+                    verdict.attempts = attempt + 1
+                    try:
+                        if isinstance(reply, Exception):
+                            raise ValueError(f"request failed: {type(reply).__name__}: {reply}")
+                        verdict.scores, verdict.reasoning = parse_verdict(reply, self.metrics)
+                        verdict.error = None
+                    except ValueError as exc:
+                        verdict.error = str(exc)
+                        still.append(i)
+                        if attempt < self.retries:
+                            continue
+                    settled += 1
                     if bar is not None:
                         bar.update(1)
-                except ValueError as exc:
-                    verdict.error = str(exc)
-                    still.append(i)
+                if on_progress is not None:
+                    on_progress(settled, len(items))
             pending = still
+            if not pending:
+                break
         if bar is not None:
-            bar.update(len(pending))
             bar.close()
         return verdicts
 

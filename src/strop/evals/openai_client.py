@@ -11,6 +11,7 @@ each request `timeout` seconds. An item whose request still fails is recorded wi
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ def client_for(ref: OpenAIRef, *, api_key_env: str = "OPENAI_API_KEY", timeout: 
 
 def evaluate_openai(model_ref: str, rows, grader_ref: str, *, max_tokens: int = 256, temperature: float = 0.0,
                     system_prompt: str | None = None, concurrency: int = 4, correct_at: float = 1.0,
-                    api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, max_retries: int = 3):
+                    api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, max_retries: int = 3,
+                    on_progress=None):
     from strop.evals.runner import EvalItem, EvalResult, _score, summarize
     from strop.scoring import load_grader
     from strop.scoring.gsm8k import extract_answer
@@ -71,7 +73,18 @@ def evaluate_openai(model_ref: str, rows, grader_ref: str, *, max_tokens: int = 
                         score=score, correct=score >= correct_at, tokens=tokens, latency_s=latency,
                         error=error or grade_error)
 
+    finished = []
+    lock = threading.Lock()
+
+    def counted(index_row):
+        item = one(index_row)
+        with lock:
+            finished.append(item.correct)
+            if on_progress is not None:
+                on_progress(len(finished), len(rows), sum(finished))
+        return item
+
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        items = list(pool.map(one, enumerate(rows)))
+        items = list(pool.map(counted, enumerate(rows)))
     return EvalResult(items=items, summary={**summarize(items), "requestErrors": sum(
         1 for i in items if i.error and i.error.startswith("request failed"))})

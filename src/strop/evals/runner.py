@@ -70,8 +70,11 @@ def _score(grader, response: str, row) -> tuple[float, str | None]:
 
 def evaluate_sampler(sampler, renderer, rows, grader_ref: str, *, max_tokens: int = 256, samples: int = 1,
                      temperature: float | None = None, system_prompt: str | None = None, correct_at: float = 1.0,
-                     progress: bool = False, batch: int = 64) -> EvalResult:
-    """Evaluate a strop SamplingClient; requests go out in batches of `batch` problems."""
+                     progress: bool = False, batch: int = 64, on_progress=None) -> EvalResult:
+    """Evaluate a strop SamplingClient; requests go out in batches of `batch` problems.
+
+    `on_progress(done, total, correct)` is called after each batch (the background worker reports with it).
+    """
     grader = load_grader(grader_ref)
     temperature = (0.0 if samples == 1 else 1.0) if temperature is None else temperature
     params = types.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0,
@@ -106,6 +109,8 @@ def evaluate_sampler(sampler, renderer, rows, grader_ref: str, *, max_tokens: in
         if bar is not None:
             bar.update(len(chunk))
             bar.set_postfix(accuracy=f"{sum(i.correct for i in items) / len(items):.1%}")
+        if on_progress is not None:
+            on_progress(len(items), len(rows), sum(i.correct for i in items))
     if bar is not None:
         bar.close()
     return EvalResult(items=items, summary=summarize(items, samples))

@@ -148,7 +148,7 @@ def summary_rows(comparison: dict, view: ScoreView) -> list[tuple[str, str, str,
         ("exact-match accuracy", _pct(acc.get("a")), _pct(acc.get("b")), _pts(acc.get("delta"))),
         ("accuracy delta, 95% CI", "", "", f"[{_pts(ci[0], unit='')}, {_pts(ci[1])}]" if ci else "n/a"),
         ("McNemar exact p (right only here)", _int(mc.get("aOnly")), _int(mc.get("bOnly")),
-         f"p = {_num(mc.get('p'), 3)}"),
+         f"p = {mc['p']:.3g}" if mc.get('p') is not None else "p = n/a"),
         ("items compared", _int(comparison["n"]), _int(comparison["n"]), ""),
     ]
     keys = [*view.metrics, "combined"] if view.source == JUDGE else list(view.metrics)

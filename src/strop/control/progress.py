@@ -1,0 +1,66 @@
+"""Progress bars on stderr for work that a background worker does: `on_poll` callbacks for the waits.
+
+    with EvalBar() as bar:
+        evaluations.wait(evaluation_id, on_poll=bar.update)
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+class EvalBar:
+    """One bar per phase of an evaluation (generate, then judge), with running accuracy while generating."""
+
+    def __init__(self, label: str = ""):
+        self.label, self.bar, self.phase = label, None, None
+
+    def update(self, info: dict) -> None:
+        from tqdm import tqdm
+        progress = info.get("progress")
+        if not progress:
+            return
+        if progress["phase"] != self.phase:
+            self.close()
+            self.phase = progress["phase"]
+            desc = f"{self.label} {self.phase}".strip()
+            self.bar = tqdm(total=progress["total"], desc=desc, unit="item", file=sys.stderr, dynamic_ncols=True)
+        self.bar.update(progress["done"] - self.bar.n)
+        if "correct" in progress and progress["done"]:
+            self.bar.set_postfix(accuracy=f"{progress['correct'] / progress['done']:.1%}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            if self.phase is not None and self.bar.n < self.bar.total:
+                self.bar.update(self.bar.total - self.bar.n)  # finished between two polls
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class RunBar:
+    """Steps of a run, with the last step's reward and zero-variance groups."""
+
+    def __init__(self, run_id: str, steps: int):
+        from tqdm import tqdm
+        self.run_id = run_id
+        self.bar = tqdm(total=steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def update(self, info: dict) -> None:
+        from strop.control import runs
+        rows = runs.metrics(self.run_id)
+        self.bar.update(len(rows) - self.bar.n)
+        if rows:
+            self.bar.set_postfix(reward=f"{rows[-1].get('reward', 0):.3f}",
+                                 zvg=f"{rows[-1].get('zeroVarianceGroups', 0):.2f}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.close()
