@@ -142,6 +142,11 @@ class RewardTermSpec(_Strict):
 class RewardSpec(_Strict):
     terms: list[RewardTermSpec] = _field(accepts="a non-empty list of reward terms", item="a reward term object",
                                          min_length=1)
+    # Bundle graders run sandboxed: each call within timeoutSeconds and memoryMb; a step where more than
+    # maxErrorFraction of the calls fail stops the run with the first errors.
+    max_error_fraction: float = _field(0.5, accepts="a number between 0 and 1", ge=0, le=1, allow_inf_nan=False)
+    timeout_seconds: float = _field(10.0, accepts="a number of seconds > 0", gt=0, allow_inf_nan=False)
+    memory_mb: int = _field(2048, accepts="an integer >= 64 (MiB)", ge=64)
 
 
 class RunConfig(_Strict):
@@ -212,6 +217,8 @@ class RunDescriptor(_Strict):
             weight_decay=hp.optimizer.weight_decay, grad_clip_norm=hp.optimizer.grad_clip_norm,
             max_seq_length=self.config.max_seq_length, save_every=self.execution.save_every,
             keep_adapters=self.execution.keep_adapters,
+            max_reward_error_fraction=self.config.reward.max_error_fraction,
+            grader_timeout=self.config.reward.timeout_seconds, grader_memory_mb=self.config.reward.memory_mb,
         )
         # Settings the loop may not take yet: passed on when it does, refused (never dropped) when it does not.
         unsupported = []

@@ -52,6 +52,13 @@ class GRPOConfig:
     system_prompt: str | None = _help("system message before each question (None: none)", None)
     question_suffix: str = _help("text appended to each question", "")
     renderer: str | None = _help("renderer name (None: the model's recommended one)", None)
+    sandbox_graders: bool = _help("run bundle graders in worker subprocesses (time and memory limits, no secrets); "
+                                  "built-in graders always run in-process", True)
+    grader_timeout: float = _help("seconds a sandboxed grader call may take before it scores 0 and its worker is "
+                                  "replaced", 10.0)
+    grader_memory_mb: int = _help("address-space limit of a grader worker, in MiB", 2048)
+    max_reward_error_fraction: float = _help("fail the run when more than this fraction of a step's grader calls "
+                                             "fail (raise, hang, crash, non-number)", 0.5)
     eval_every: int | None = _help("call the run's evaluation hook every N steps (control-plane runs evaluate on their "
                                    "project's evaluation dataset); None: never", None)
     save_every: int = _help("checkpoint every N steps (the last step is always saved)", 10)
@@ -98,6 +105,12 @@ class GRPOConfig:
         if self.max_seq_length is not None and self.max_seq_length <= self.max_completion_length:
             p.append(f"max_seq_length ({self.max_seq_length}) must exceed max_completion_length "
                      f"({self.max_completion_length}) to leave room for the prompt")
+        if not (isinstance(self.grader_timeout, (int, float)) and self.grader_timeout > 0):
+            p.append(f"grader_timeout: must be a number of seconds > 0, got {self.grader_timeout!r}")
+        if not isinstance(self.grader_memory_mb, int) or self.grader_memory_mb < 64:
+            p.append(f"grader_memory_mb: must be an integer >= 64, got {self.grader_memory_mb!r}")
+        if not (isinstance(self.max_reward_error_fraction, (int, float)) and 0 <= self.max_reward_error_fraction <= 1):
+            p.append(f"max_reward_error_fraction: must be between 0 and 1, got {self.max_reward_error_fraction!r}")
         if not isinstance(self.reward_terms, list) or not self.reward_terms:
             p.append("reward_terms: give at least one term, e.g. [{'name': 'correct', 'weight': 1.0, 'grader': 'builtin:gsm8k'}]")
         return p

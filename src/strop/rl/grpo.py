@@ -138,13 +138,27 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
     checkpoint (the control plane copies both into its store). With `config.eval_every`, `on_eval(steps_done,
     training_client, renderer)` runs every that many steps, before the last one (whoever runs the loop
     evaluates the final model)."""
+    sandbox = None
+    if config.sandbox_graders and any(not str(t.get("grader", "")).startswith("builtin:") for t in config.reward_terms):
+        from strop.scoring.sandbox import SandboxPool
+        sandbox = SandboxPool(timeout=config.grader_timeout, memory_mb=config.grader_memory_mb)
+    try:
+        return _run_grpo(config, run_dir, sandbox, service=service, progress=progress, rows=rows, on_start=on_start,
+                         on_step=on_step, on_checkpoint=on_checkpoint, on_eval=on_eval)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+
+
+def _run_grpo(config: GRPOConfig, run_dir: str | Path, sandbox, *, service, progress, rows, on_start, on_step,
+              on_checkpoint, on_eval) -> RunResult:
     run_dir = Path(run_dir)
     # everything that can fail on bad input happens before the run folder exists: nothing half-written
     rows = rows if rows is not None else load_rows(config.dataset, split="train", limit=config.dataset_limit,
                                                    seed=config.seed)
     if not rows:
         raise StropError(f"dataset {config.dataset!r} has no rows to train on")
-    terms = terms_from_spec(config.reward_terms)
+    terms = terms_from_spec(config.reward_terms, sandbox=sandbox)
     weights = {t.name: t.weight for t in terms}
     service = service or ServiceClient(sampler_dtype=config.sampler_dtype)
     training = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
@@ -199,6 +213,17 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
                      metrics=read_jsonl(run_dir / "metrics.jsonl"))
 
 
+def check_error_fraction(completions, n_terms: int, limit: float, step: int) -> None:
+    """Fail the run when more than `limit` of this step's grader calls failed, showing the first errors."""
+    calls = len(completions) * n_terms
+    errors = [e for c in completions for e in c.errors]
+    if calls and len(errors) / calls > limit:
+        first = "\n  ".join(list(dict.fromkeys(errors))[:3])  # distinct, in the order they happened
+        raise StropError(f"step {step}: {len(errors)} of {calls} grader calls failed, more than the "
+                         f"{limit:.0%} allowed (max_reward_error_fraction / config.reward.maxErrorFraction); "
+                         f"first errors:\n  {first}")
+
+
 def _progress(total: int, start: int, enabled: bool):
     if not enabled:
         return None
@@ -248,6 +273,7 @@ def _train_step(step, batch_rows, config, training, renderer, terms, weights, ba
     train_seconds = time.perf_counter() - t1
 
     completions = [c for g in groups for c in g.completions]
+    check_error_fraction(completions, len(terms), config.max_reward_error_fraction, step)
     rewards = [c.reward for c in completions]
     n_tokens = sum(len(c.tokens) for c in completions)
     trained_tokens = fb_metrics.get("tokens:sum", 0.0)

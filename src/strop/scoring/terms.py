@@ -80,11 +80,12 @@ def score_terms(terms: list[RewardTerm], completion: str, row: Any, *, data_sour
     return TermScores(scores=scores, total=total, errors=errors)
 
 
-def terms_from_spec(spec: list[dict]) -> list[RewardTerm]:
+def terms_from_spec(spec: list[dict], *, sandbox=None) -> list[RewardTerm]:
     """Reward terms from dicts like `{"name": "correct", "weight": 1.0, "grader": "builtin:gsm8k"}`.
 
     `weight` defaults to 1.0; `name` defaults to a short form of the grader reference. Names must be unique
-    because scores are reported by name.
+    because scores are reported by name. With a `sandbox` (a `SandboxPool`), bundle graders are loaded and
+    called in its worker processes, never imported here; built-in graders run in-process.
     """
     if not isinstance(spec, (list, tuple)) or not spec:
         raise StropError(f"reward terms must be a non-empty list of {{'grader': ..., 'weight': ...}} entries, "
@@ -111,7 +112,12 @@ def terms_from_spec(spec: list[dict]) -> list[RewardTerm]:
         if name in taken:
             raise StropError(f"{where}: name {name!r} is already used by another term; give each term a distinct "
                              f"'name' (names so far: {', '.join(taken)}).")
-        terms.append(RewardTerm(name=name, weight=float(weight), fn=load_grader(ref), ref=ref))
+        if sandbox is not None and not ref.strip().startswith("builtin:"):
+            fn = sandbox.grader(ref)
+            sandbox.check(ref)
+        else:
+            fn = load_grader(ref)
+        terms.append(RewardTerm(name=name, weight=float(weight), fn=fn, ref=ref))
     return terms
 
 

@@ -1,0 +1,159 @@
+"""Fault injection: scoring bundles that hang, crash, raise, leak memory, print, read secrets or return
+non-numbers. Each costs one score (0, error recorded and counted), never the run; too many stop it clearly."""
+
+import json
+import os
+import textwrap
+import time
+
+import pytest
+
+from strop.errors import StropError
+from strop.rl import GRPOConfig, run_grpo
+from strop.scoring import score_terms, terms_from_spec
+from strop.scoring.sandbox import SandboxError, SandboxPool
+
+BUNDLE = '''
+import os, signal, time
+
+def good(data_source=None, solution_str=None, ground_truth=None, extra_info=None):
+    return 1.0 if solution_str == ground_truth else 0.5
+
+def hang(**kw):
+    while True:
+        time.sleep(1)
+
+def segfault(**kw):
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+def exits(**kw):
+    os._exit(3)
+
+def raises(**kw):
+    raise ValueError("bad ground truth format")
+
+def nan(**kw):
+    return float("nan")
+
+def inf(**kw):
+    return float("-inf")
+
+def text(**kw):
+    return "five"
+
+def memory_bomb(**kw):
+    blocks = []
+    while True:
+        blocks.append(bytearray(256 * 1024 * 1024))
+
+def chatty(**kw):
+    print("debugging output on stdout", flush=True)
+    return 0.25
+
+def secret(**kw):
+    return 1.0 if any("SECRET" in k or "API_KEY" in k for k in os.environ) else 0.0
+
+def flaky(data_source=None, solution_str=None, ground_truth=None, extra_info=None):
+    if "7" in (solution_str or ""):
+        raise RuntimeError("flaky grader")
+    return 0.0
+'''
+
+
+@pytest.fixture()
+def bundle(tmp_path):
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    (folder / "reward.py").write_text(textwrap.dedent(BUNDLE))
+    return folder
+
+
+@pytest.fixture()
+def pool():
+    with SandboxPool(timeout=3.0, memory_mb=512) as p:
+        yield p
+
+
+def call(pool, bundle, function, solution="42", truth="42"):
+    return pool.grader(f"{bundle}#reward:{function}")(solution_str=solution, ground_truth=truth)
+
+
+def test_a_good_grader_gives_its_scores(pool, bundle):
+    assert call(pool, bundle, "good") == 1.0 and call(pool, bundle, "good", "41") == 0.5
+
+
+@pytest.mark.parametrize("function, reason", [
+    ("hang", "timed out after 3 s"),
+    ("segfault", "signal SIGSEGV"),
+    ("exits", "exit status 3"),
+    ("raises", "ValueError: bad ground truth format"),
+    ("memory_bomb", "MemoryError"),
+    ("text", "returned str 'five'"),
+])
+def test_each_fault_fails_one_call_and_the_next_call_works(pool, bundle, function, reason):
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match=reason):
+        call(pool, bundle, function)
+    assert time.monotonic() - started < 20  # a hang is cut at the timeout, not waited out
+    assert call(pool, bundle, "good") == 1.0  # a fresh worker where the old one died
+
+
+def test_dead_workers_are_replaced(pool, bundle):
+    for function in ("segfault", "hang"):
+        with pytest.raises(SandboxError):
+            call(pool, bundle, function)
+    assert pool.replaced == 2
+
+
+def test_nan_and_infinity_score_zero_with_the_reason(pool, bundle):
+    for function, shown in (("nan", "nan"), ("inf", "-inf")):
+        terms = terms_from_spec([{"name": "t", "grader": f"{bundle}#reward:{function}"}], sandbox=pool)
+        scored = score_terms(terms, "42", type("Row", (), {"answer": "42", "question": "q", "extra": {}})())
+        assert scored.scores == {"t": 0.0} and f"returned {shown}" in scored.errors[0]
+
+
+def test_prints_do_not_break_the_protocol(pool, bundle):
+    assert [call(pool, bundle, "chatty") for _ in range(3)] == [0.25] * 3
+
+
+def test_no_secrets_reach_the_grader(pool, bundle, monkeypatch):
+    monkeypatch.setenv("MY_SECRET_TOKEN", "hunter2")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with SandboxPool(timeout=3.0) as fresh:  # workers start after the variables are set
+        assert call(fresh, bundle, "secret") == 0.0
+    assert os.environ["OPENAI_API_KEY"] == "sk-test"
+
+
+def test_a_bundle_that_does_not_load_is_refused_before_training(pool, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "reward.py").write_text("import not_a_module_anywhere\n")
+    with pytest.raises(StropError, match="not_a_module_anywhere"):
+        terms_from_spec([{"grader": f"{broken}#reward:compute_score"}], sandbox=pool)
+
+
+def _config(tiny_model_dir, bundle, function, **changes):
+    return GRPOConfig(base_model=str(tiny_model_dir), dataset="synthetic:add", dataset_limit=8, batch_size=2,
+                      group_size=4, max_steps=2, max_completion_length=8, save_every=1, grader_timeout=3.0,
+                      reward_terms=[{"name": "correct", "grader": "builtin:gsm8k"},
+                                    {"name": "user", "grader": f"{bundle}#reward:{function}", "weight": 0.5}], **changes)
+
+
+def test_a_run_goes_on_through_grader_faults(tiny_model_dir, bundle, tmp_path):
+    # the flaky grader fails on completions that contain a 7: some calls, not most
+    result = run_grpo(_config(tiny_model_dir, bundle, "flaky", max_reward_error_fraction=0.9), tmp_path / "run",
+                      progress=False)
+    assert len(result.metrics) == 2
+    rollouts = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    failed = [r for r in rollouts if r["errors"]]
+    assert sum(m["rewardErrors"] for m in result.metrics) == len(failed)
+    assert all("flaky grader" in r["errors"][0] for r in failed)  # recorded with the completion it scored
+
+
+def test_a_run_whose_grader_mostly_fails_stops_with_the_first_errors(tiny_model_dir, bundle, tmp_path):
+    with pytest.raises(StropError) as err:
+        run_grpo(_config(tiny_model_dir, bundle, "raises", max_reward_error_fraction=0.25), tmp_path / "run",
+                 progress=False)
+    message = str(err.value)
+    assert "step 0: 8 of 16 grader calls failed" in message and "bad ground truth format" in message
+    assert "maxErrorFraction" in message
