@@ -19,7 +19,7 @@ def register(nouns) -> None:
 def _kind(kinds, kind: str) -> None:
     what = "a JSONL/JSON/parquet file of rows with question and answer" if kind == "datasets" \
         else "a directory of Python modules whose MODULE defines compute_score"
-    p = kinds.add_parser(kind, help=f"{kind}: register, list, get")
+    p = kinds.add_parser(kind, help=f"{kind}: register, list, get, delete")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     example = ("strop registry datasets register gsm8k/train -f data/train.jsonl" if kind == "datasets"
                else "strop registry bundles register gsm8k/scoring -f scoring/")
@@ -47,6 +47,15 @@ def _kind(kinds, kind: str) -> None:
     add_output_flags(get)
     get.set_defaults(handler=lambda a: _get(a, kind))
 
+    rm = verbs.add_parser("delete", help="delete one version (NAME@VERSION) or all of NAME; refused while in use",
+                          description="Delete a version, or every version of NAME. Refused, naming the users, while "
+                                      "a run, an evaluation or a project's evaluation settings refer to it.",
+                          epilog=f"example:\n  strop registry {kind} delete {'gsm8k/train@1' if kind == 'datasets' else 'gsm8k/scoring@2'}",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    rm.add_argument("ref", metavar="NAME[@VERSION]")
+    add_output_flags(rm)
+    rm.set_defaults(handler=lambda a: _delete(a, kind))
+
 
 def _register(args, kind: str) -> int:
     from strop.control import registry
@@ -73,4 +82,11 @@ def _get(args, kind: str) -> int:
     from strop.control import registry
     result = registry.get_dataset(args.ref) if kind == "datasets" else registry.get_bundle(args.ref)
     emit(args, result, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+    return 0
+
+
+def _delete(args, kind: str) -> int:
+    from strop.control import registry
+    result = registry.delete(kind.rstrip("s"), args.ref)
+    emit(args, result, lambda r: f"deleted {', '.join(r['deleted'])}")
     return 0

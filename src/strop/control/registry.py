@@ -124,6 +124,52 @@ def bundle_dir(ref: str) -> tuple[Path, dict]:
     return dest, version
 
 
+def delete(kind: str, ref: str) -> dict:
+    """Delete a version (NAME@VERSION) or every version of NAME; refused, with the users named, while a run,
+    an evaluation or a project's evaluation settings refer to it. A stored file goes only when nothing else
+    (another name or version with the same content) still points at it."""
+    from strop.store.schema import Evaluation, Project, Run
+    parent_cls, version_cls, fk = ((Dataset, DatasetVersion, "dataset_id") if kind == "dataset"
+                                   else (Bundle, BundleVersion, "bundle_id"))
+    name, number = parse_ref(ref, kind)
+    _get(parent_cls, version_cls, fk, ref, kind)  # the same "no such ..." errors as get
+    with session_scope(open_store()) as s:
+        parent = s.scalar(select(parent_cls).where(parent_cls.name == name))
+        query = select(version_cls).where(getattr(version_cls, fk) == parent.id)
+        versions = s.scalars(query.where(version_cls.version == number) if number else query).all()
+        refs = {f"{name}@{v.version}" for v in versions}
+        users = []
+        for run in s.scalars(select(Run)):
+            pinned = run.pinned or {}
+            used = {(pinned.get("dataset") or {}).get("ref")} if kind == "dataset" else \
+                {t.get("bundle") for t in pinned.get("terms") or []}
+            if used & refs:
+                users.append(f"run {run.id}")
+        if kind == "dataset":
+            ids = [v.id for v in versions]
+            users += [f"evaluation {e}" for e in s.scalars(select(Evaluation.id).where(Evaluation.dataset_version_id.in_(ids)))]
+        for project in s.scalars(select(Project)):
+            setting = project.eval_dataset if kind == "dataset" else (project.eval_grader or "").removeprefix("bundle:")
+            target = (setting or "").partition("#")[0]
+            if target in refs or target == name:  # NAME alone means its latest version: any deletion changes it
+                users.append(f"project {project.name} (its evaluation settings)")
+        if users:
+            raise RegistryError(f"{kind} {ref} is in use by {', '.join(users[:5])}"
+                                + (f" and {len(users) - 5} more" if len(users) > 5 else "")
+                                + "; delete those first (or keep it: versions are immutable, so keeping costs nothing)")
+        shas = {v.sha256 for v in versions}
+        for v in versions:
+            s.delete(v)
+        s.flush()
+        if not s.scalar(select(func.count()).select_from(version_cls).where(getattr(version_cls, fk) == parent.id)):
+            s.delete(parent)
+        still = set(s.scalars(select(DatasetVersion.sha256).where(DatasetVersion.sha256.in_(shas)))) | \
+            set(s.scalars(select(BundleVersion.sha256).where(BundleVersion.sha256.in_(shas))))
+    for sha in shas - still:
+        artifacts.remove(sha)
+    return {"deleted": sorted(refs), "filesRemoved": len(shas - still)}
+
+
 # ---- shared ----------------------------------------------------------------------------------------------
 
 def _register(parent_cls, version_cls, fk: str, name: str, sha: str, **fields) -> dict:

@@ -115,6 +115,14 @@ def path_of(sha256: str) -> Path:
     return location
 
 
+def remove(sha256: str) -> None:
+    """Delete a stored file (the caller made sure nothing refers to it any more); no error if it is gone."""
+    path = _location(sha256)
+    with contextlib.suppress(FileNotFoundError):
+        path.chmod(0o600)
+        path.unlink()
+
+
 def extract_dir(sha256: str, dest: str | os.PathLike) -> Path:
     """Unpack a directory artifact (from `put_dir`) into `dest`, which must not exist or be empty.
 
