@@ -26,6 +26,7 @@ from typing import Any, Iterable
 from strop.errors import DatasetError
 
 MAX_REPORTED = 10
+MAX_LINE_CHARS = 1 << 20  # a row of a question and an answer; a longer line is almost surely the wrong file
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 DEFAULT_SYNTHETIC_COUNT = {"train": 2000, "test": 500}
 GSM8K_NAMES = ("gsm8k", "openai/gsm8k")
@@ -132,6 +133,10 @@ def _read_jsonl(path: Path, text: str) -> list[tuple[str, Any]]:
     records, errors = [], []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
+            continue
+        if len(line) > MAX_LINE_CHARS:
+            errors.append(f"line {number}: {len(line):,} characters, over the {MAX_LINE_CHARS:,} a row may have "
+                          "(is this the right file?)")
             continue
         try:
             records.append((f"line {number}", json.loads(line)))
