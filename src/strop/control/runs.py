@@ -67,9 +67,36 @@ def admit(descriptor: RunDescriptor) -> dict:
             except StropError as exc:
                 problems.append(f"$.config.reward.terms[{i}].bundle: {exc}")
         pinned["terms"].append(entry)
+    if not problems:
+        problems += memory_problems(descriptor, pinned)
     if problems:
         raise RunError("run not admitted:\n  " + "\n  ".join(problems))
     return pinned
+
+
+def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
+    """The run's estimated peak memory against what is available, from its real prompts (as the loop builds
+    them) and sizes; one problem line when it would not fit."""
+    from strop import model_info
+    from strop.data import load_rows
+    from strop.engine.resources import MemoryRefused
+    from strop.renderers import get_renderer
+    from strop.rl.grpo import check_memory
+    from strop.tokenizer_utils import get_tokenizer
+    import tempfile
+    path, version = registry.dataset_file(pinned["dataset"]["ref"])
+    with tempfile.TemporaryDirectory() as folder:  # the stored file has no suffix; the loader reads by suffix
+        named = Path(folder) / f"rows{Path(version.get('source') or 'rows.jsonl').suffix or '.jsonl'}"
+        named.symlink_to(path)
+        rows = load_rows(str(named), limit=2000)
+    model_dir = pinned["baseModel"]["path"]
+    renderer = get_renderer(model_info.get_recommended_renderer_name(descriptor.base_model), get_tokenizer(model_dir))
+    config = descriptor.to_grpo_config(str(path), [{"name": "x", "weight": 1.0, "grader": "builtin:gsm8k"}])
+    try:
+        check_memory(renderer, rows, config, model_dir)
+    except MemoryRefused as exc:
+        return [f"$.config.rlHyperparams: {exc}"]
+    return []
 
 
 def start(descriptor_path: str | Path, *, dry_run: bool = False) -> dict:

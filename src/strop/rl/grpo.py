@@ -33,6 +33,7 @@ from strop.rl import checkpoints
 from strop.rl.config import GRPOConfig
 from strop.rl.losses import group_advantages, is_zero_variance
 from strop.rl.metrics import RunLog, read_jsonl
+from strop.models import resolve_model
 from strop.scoring import score_terms, terms_from_spec
 
 
@@ -79,6 +80,16 @@ def check_prompt_lengths(renderer, rows: list[Row], config: GRPOConfig) -> None:
     if max(lengths) > limit:
         raise StropError(f"a prompt has {max(lengths)} tokens, over max_seq_length - max_completion_length = {limit}; "
                          "raise max_seq_length, lower max_completion_length or shorten the system prompt")
+
+
+def check_memory(renderer, rows: list[Row], config: GRPOConfig, model_dir) -> None:
+    """Refuse, before anything runs, a run whose estimated peak memory is more than is available."""
+    from strop.engine.resources import check_fits, estimate_grpo_memory
+    longest = max(build_prompt(renderer, row, config).length for row in rows[:2000])
+    need = estimate_grpo_memory(model_dir, batch_size=config.batch_size, group_size=config.group_size,
+                                prompt_tokens=longest, completion_tokens=config.max_completion_length)
+    check_fits(need, what=f"GRPO on {config.base_model} ({config.batch_size} prompts x {config.group_size} samples x "
+                          f"<= {longest} + {config.max_completion_length} tokens)")
 
 
 def step_batches(n_rows: int, config: GRPOConfig) -> list[list[int]]:
@@ -170,6 +181,7 @@ def _run_grpo(config: GRPOConfig, run_dir: str | Path, sandbox, *, service, prog
     renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model), tokenizer)
     if config.max_seq_length:
         check_prompt_lengths(renderer, rows, config)
+    check_memory(renderer, rows, config, resolve_model(config.base_model))
     base_sampler = service.create_sampling_client(base_model=config.base_model) if config.kl_beta > 0 else None
     adam = types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
                             weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)

@@ -1,0 +1,94 @@
+"""Will a run fit in memory? An estimate of a GRPO run's peak resident memory, checked before it starts.
+
+    need = estimate_grpo_memory(model_dir, batch_size=8, group_size=8, prompt_tokens=64, completion_tokens=256)
+    check_fits(need)          # StropError with the estimate, what is available and what to change
+
+The estimate adds up, for the float32 CPU path strop runs:
+- weights: the sampler's copy and the trainer's copy of the base model (4 bytes per parameter each),
+- the sampler's KV cache for a full batch of rows (at most the engine's 64 rows at once),
+- training activations kept for the backward pass, for one micro-batch (the trainer packs at most 16,384
+  tokens per micro-batch), per token and layer as measured on this code (see ACTIVATION_FLOATS),
+- a chunk of vocabulary logits, and the Python/torch runtime.
+Available memory is MemAvailable from /proc/meminfo, or `$STROP_MEMORY_LIMIT_MB` when set (to keep a run
+within a share of a machine, and for tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from strop.errors import StropError
+
+GIB = 1 << 30
+RUNTIME_BYTES = int(0.3 * GIB)        # interpreter, torch, tokenizer, HTTP and store clients
+MAX_SAMPLER_ROWS = 64                 # SamplerEngine's default max_batch
+MAX_TOKENS_PER_MICRO_BATCH = 16384    # LoraTrainer's default max_tokens_per_batch
+# float32 values kept per token and layer for the backward pass, as multiples of the hidden size (H) and the
+# MLP width (I): calibrated against measured peaks (benchmarks/RESULTS.md, "memory estimate").
+ACTIVATION_FLOATS = (24, 7)
+
+
+class MemoryRefused(StropError):
+    """A run whose estimated peak memory is more than the machine has available."""
+
+
+def model_shape(model_dir: str | Path) -> dict:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    text = config.get("text_config", config)
+    hidden, layers = text["hidden_size"], text["num_hidden_layers"]
+    heads = text.get("num_attention_heads", 1)
+    kv_heads = text.get("num_key_value_heads", heads)
+    head_dim = text.get("head_dim") or hidden // heads
+    inter, vocab = text.get("intermediate_size", 4 * hidden), text["vocab_size"]
+    per_layer = hidden * head_dim * (heads * 2 + kv_heads * 2) + 3 * hidden * inter
+    embeddings = vocab * hidden * (1 if text.get("tie_word_embeddings", config.get("tie_word_embeddings", True)) else 2)
+    return {"hidden": hidden, "layers": layers, "intermediate": inter, "vocab": vocab, "kvDim": kv_heads * head_dim,
+            "parameters": layers * per_layer + embeddings}
+
+
+def estimate_grpo_memory(model_dir: str | Path, *, batch_size: int, group_size: int, prompt_tokens: int,
+                         completion_tokens: int) -> dict:
+    """Estimated peak bytes of a GRPO run, in parts, with `total`."""
+    shape = model_shape(model_dir)
+    seq = prompt_tokens + completion_tokens
+    rows = min(batch_size * group_size, MAX_SAMPLER_ROWS)
+    tokens = min(batch_size * group_size * seq, MAX_TOKENS_PER_MICRO_BATCH)
+    per_token_layer = (ACTIVATION_FLOATS[0] * shape["hidden"] + ACTIVATION_FLOATS[1] * shape["intermediate"]) * 4
+    parts = {
+        "weights": 2 * shape["parameters"] * 4,
+        "kvCache": rows * seq * shape["layers"] * 2 * shape["kvDim"] * 4 + rows * shape["vocab"] * 4 * 3,
+        "activations": tokens * shape["layers"] * per_token_layer,
+        "logitsChunk": 128 * shape["vocab"] * 4 * 4,
+        "runtime": RUNTIME_BYTES,
+    }
+    return {**parts, "total": sum(parts.values()), "tokensPerMicroBatch": tokens}
+
+
+def available_bytes() -> int:
+    limit = os.environ.get("STROP_MEMORY_LIMIT_MB")
+    if limit:
+        try:
+            return int(float(limit) * (1 << 20))
+        except ValueError:
+            raise StropError(f"STROP_MEMORY_LIMIT_MB must be a number of MiB, got {limit!r}") from None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_fits(estimate: dict, *, what: str = "this run") -> None:
+    have = available_bytes()
+    if estimate["total"] <= have:
+        return
+    parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in estimate.items() if k not in ("total", "tokensPerMicroBatch"))
+    raise MemoryRefused(
+        f"{what} would need about {estimate['total'] / GIB:.1f} GiB of memory ({parts} GiB) but "
+        f"{have / GIB:.1f} GiB is available. Lower batchSize x groupSize or maxCompletionLength (training "
+        f"activations grow with the tokens of a step, up to {MAX_TOKENS_PER_MICRO_BATCH:,} per micro-batch), use a "
+        "smaller base model, or free memory (STROP_MEMORY_LIMIT_MB sets the budget).")
