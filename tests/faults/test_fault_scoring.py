@@ -157,3 +157,13 @@ def test_a_run_whose_grader_mostly_fails_stops_with_the_first_errors(tiny_model_
     message = str(err.value)
     assert "step 0: 8 of 16 grader calls failed" in message and "bad ground truth format" in message
     assert "maxErrorFraction" in message
+
+
+def test_evaluations_score_bundles_in_the_sandbox_too(tiny_model_dir, bundle):
+    from strop.data import Row
+    from strop.evals import evaluate_local
+    rows = [Row(question="What is 1 + 1?", answer="#### 2")]
+    for function, reason in (("segfault", "signal SIGSEGV"), ("raises", "bad ground truth format")):
+        result = evaluate_local(str(tiny_model_dir), rows, f"{bundle}#reward:{function}", max_tokens=4)
+        [item] = result.items
+        assert item.score == 0.0 and reason in item.error  # the evaluation itself went on

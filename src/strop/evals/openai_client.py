@@ -47,12 +47,19 @@ def evaluate_openai(model_ref: str, rows, grader_ref: str, *, max_tokens: int = 
                     system_prompt: str | None = None, concurrency: int = 4, correct_at: float = 1.0,
                     api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, max_retries: int = 3,
                     on_progress=None):
-    from strop.evals.runner import EvalItem, EvalResult, _score, summarize
-    from strop.scoring import load_grader
-    from strop.scoring.gsm8k import extract_answer
+    from strop.scoring.sandbox import grader_for
     ref = parse_openai_ref(model_ref)
     client = client_for(ref, api_key_env=api_key_env, timeout=timeout, max_retries=max_retries)
-    grader = load_grader(grader_ref)
+    with grader_for(grader_ref) as grader:  # bundle code runs sandboxed, as in training
+        return _evaluate(client, ref, rows, grader, max_tokens=max_tokens, temperature=temperature,
+                         system_prompt=system_prompt, concurrency=concurrency, correct_at=correct_at,
+                         on_progress=on_progress)
+
+
+def _evaluate(client, ref, rows, grader, *, max_tokens, temperature, system_prompt, concurrency, correct_at,
+              on_progress):
+    from strop.evals.runner import EvalItem, EvalResult, _score, summarize
+    from strop.scoring.gsm8k import extract_answer
 
     def one(index_row):
         index, row = index_row

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 
 from strop import types
 from strop.renderers import get_text_content
-from strop.scoring import load_grader
 from strop.scoring.gsm8k import extract_answer
 
 
@@ -75,7 +74,15 @@ def evaluate_sampler(sampler, renderer, rows, grader_ref: str, *, max_tokens: in
 
     `on_progress(done, total, correct)` is called after each batch (the background worker reports with it).
     """
-    grader = load_grader(grader_ref)
+    from strop.scoring.sandbox import grader_for
+    with grader_for(grader_ref) as grader:  # bundle code runs sandboxed, as in training
+        return _evaluate(sampler, renderer, rows, grader, max_tokens=max_tokens, samples=samples,
+                         temperature=temperature, system_prompt=system_prompt, correct_at=correct_at,
+                         progress=progress, batch=batch, on_progress=on_progress)
+
+
+def _evaluate(sampler, renderer, rows, grader, *, max_tokens, samples, temperature, system_prompt, correct_at,
+              progress, batch, on_progress) -> EvalResult:
     temperature = (0.0 if samples == 1 else 1.0) if temperature is None else temperature
     params = types.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0,
                                   stop=renderer.get_stop_sequences())

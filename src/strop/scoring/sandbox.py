@@ -17,6 +17,7 @@ starts a new worker. `score_terms` turns that into a 0 score recorded with the c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -158,6 +159,19 @@ class SandboxPool:
 
     def __exit__(self, *exc):
         self.close()
+
+
+@contextlib.contextmanager
+def grader_for(ref: str, *, sandbox: bool = True, timeout: float = DEFAULT_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB):
+    """A compute_score callable for `ref`: built-in graders in-process, bundles in a sandbox pool that is closed
+    when the block ends. A bundle that does not load raises StropError here, before any call."""
+    from strop.scoring.bundles import load_grader
+    if not sandbox or ref.strip().startswith("builtin:"):
+        yield load_grader(ref)
+        return
+    with SandboxPool(timeout=timeout, memory_mb=memory_mb) as pool:
+        pool.check(ref)
+        yield pool.grader(ref)
 
 
 # ---- the worker side -------------------------------------------------------------------------------------
