@@ -55,6 +55,12 @@ class Renderer:
         text = self.bos_text() + "".join(self.render_turn(m) for m in messages) + self.generation_header(role)
         return ModelInput.from_ints(self.encode(text + (prefill or "")))
 
+    def build_tool_prompt(self, messages: list[Message], tools: list[dict]) -> ModelInput:
+        """A generation prompt for a conversation with tools (role 'tool' turns are tool results): Hermes-style,
+        the tools described in the system message and results inside <tool_response>."""
+        from strop.renderers.tools import hermes_messages
+        return self.build_generation_prompt(hermes_messages(messages, tools))
+
     def build_supervised_example(self, messages: list[Message]) -> tuple[ModelInput, list[float]]:
         """Tokens of the whole conversation and a weight per token: 1 on the last assistant turn, 0 elsewhere."""
         *context, last = messages

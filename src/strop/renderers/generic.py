@@ -18,6 +18,16 @@ class ChatTemplateRenderer(Renderer):
             tokenize=False, add_generation_prompt=role == "assistant")
         return ModelInput.from_ints(self.encode(text + (prefill or "")))
 
+    def build_tool_prompt(self, messages: list[Message], tools: list[dict]) -> ModelInput:
+        """The template's own tool format when it has one (it mentions `tools`), else Hermes-style."""
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        if "tools" not in template:
+            return super().build_tool_prompt(messages, tools)
+        text = self.tokenizer.apply_chat_template(
+            [{"role": m["role"], "content": get_text_content(m)} for m in messages], tools=tools,
+            tokenize=False, add_generation_prompt=True)
+        return ModelInput.from_ints(self.encode(text))
+
     def build_supervised_example(self, messages: list[Message]) -> tuple[ModelInput, list[float]]:
         prompt = self.build_generation_prompt(messages[:-1]).to_ints()
         full = self.encode(self.tokenizer.apply_chat_template(

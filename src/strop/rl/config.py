@@ -31,6 +31,9 @@ class GRPOConfig:
     dataset_limit: int | None = _help("use only the first N rows (None: all)", None)
     reward_terms: list = _help('reward terms: [{"name": ..., "weight": ..., "grader": "builtin:gsm8k" | PATH#MODULE:FUNCTION}]',
                                factory=lambda: [{"name": "correct", "weight": 1.0, "grader": "builtin:gsm8k"}])
+    environment: dict | None = _help('a tool-use environment instead of a dataset: {"name": "finance-sql", '
+                                     '"options": {...}, "split": "train"}; episodes of several turns, rewarded by '
+                                     'the environment', None)
     group_size: int = _help("completions sampled per prompt; GRPO compares them with each other", 8)
     batch_size: int = _help("prompts per step", 8)
     epochs: int = _help("passes over the dataset", 1)
@@ -111,6 +114,13 @@ class GRPOConfig:
             p.append(f"grader_memory_mb: must be an integer >= 64, got {self.grader_memory_mb!r}")
         if not (isinstance(self.max_reward_error_fraction, (int, float)) and 0 <= self.max_reward_error_fraction <= 1):
             p.append(f"max_reward_error_fraction: must be between 0 and 1, got {self.max_reward_error_fraction!r}")
+        if self.environment is not None:
+            env = self.environment
+            if not isinstance(env, dict) or not isinstance(env.get("name"), str) \
+                    or not isinstance(env.get("options", {}), dict) or set(env) - {"name", "options", "split"}:
+                p.append(f"environment: must be {{'name': ..., 'options': {{...}}, 'split': 'train'}}, got {env!r}")
+            if self.kl_beta:
+                p.append("kl_beta: a KL penalty is not supported with an environment yet; set it to 0")
         if not isinstance(self.reward_terms, list) or not self.reward_terms:
             p.append("reward_terms: give at least one term, e.g. [{'name': 'correct', 'weight': 1.0, 'grader': 'builtin:gsm8k'}]")
         return p

@@ -82,10 +82,11 @@ def check_prompt_lengths(renderer, rows: list[Row], config: GRPOConfig) -> None:
                          "raise max_seq_length, lower max_completion_length or shorten the system prompt")
 
 
-def check_memory(renderer, rows: list[Row], config: GRPOConfig, model_dir) -> None:
+def check_memory(renderer, rows: list[Row], config: GRPOConfig, model_dir, longest: int | None = None) -> None:
     """Refuse, before anything runs, a run whose estimated peak memory is more than is available."""
     from strop.engine.resources import check_fits, estimate_grpo_memory
-    longest = max(build_prompt(renderer, row, config).length for row in rows[:2000])
+    if longest is None:
+        longest = max(build_prompt(renderer, row, config).length for row in rows[:2000])
     need = estimate_grpo_memory(model_dir, batch_size=config.batch_size, group_size=config.group_size,
                                 prompt_tokens=longest, completion_tokens=config.max_completion_length)
     check_fits(need, what=f"GRPO on {config.base_model} ({config.batch_size} prompts x {config.group_size} samples x "
@@ -163,13 +164,30 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
 
 def _run_grpo(config: GRPOConfig, run_dir: str | Path, sandbox, *, service, progress, rows, on_start, on_step,
               on_checkpoint, on_eval) -> RunResult:
+    """The data (rows, or an environment's tasks), then `_train`; the environments are closed at the end."""
     run_dir = Path(run_dir)
     # everything that can fail on bad input happens before the run folder exists: nothing half-written
-    rows = rows if rows is not None else load_rows(config.dataset, split="train", limit=config.dataset_limit,
-                                                   seed=config.seed)
+    pool = None
+    if config.environment:
+        from strop.rl.multiturn import EnvPool
+        pool = EnvPool(config.environment, config.batch_size * config.group_size)
+        rows = pool.tasks(config.environment.get("split", "train"), config.dataset_limit)
+    else:
+        rows = rows if rows is not None else load_rows(config.dataset, split="train", limit=config.dataset_limit,
+                                                       seed=config.seed)
+    try:
+        return _train(config, run_dir, rows, pool, sandbox, service=service, progress=progress, on_start=on_start,
+                      on_step=on_step, on_checkpoint=on_checkpoint, on_eval=on_eval)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _train(config: GRPOConfig, run_dir: Path, rows, pool, sandbox, *, service, progress, on_start, on_step,
+           on_checkpoint, on_eval) -> RunResult:
     if not rows:
         raise StropError(f"dataset {config.dataset!r} has no rows to train on")
-    terms = terms_from_spec(config.reward_terms, sandbox=sandbox)
+    terms = [] if pool is not None else terms_from_spec(config.reward_terms, sandbox=sandbox)
     weights = {t.name: t.weight for t in terms}
     service = service or ServiceClient(sampler_dtype=config.sampler_dtype)
     training = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
@@ -179,9 +197,15 @@ def _run_grpo(config: GRPOConfig, run_dir: str | Path, sandbox, *, service, prog
     tokenizer = training.get_tokenizer()
     from strop import model_info
     renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model), tokenizer)
-    if config.max_seq_length:
-        check_prompt_lengths(renderer, rows, config)
-    check_memory(renderer, rows, config, resolve_model(config.base_model))
+    if pool is not None:
+        first = renderer.build_tool_prompt([{"role": "user", "content": rows[0].prompt}], pool.envs[0].tools()).length
+        # a late turn reads every earlier reply and observation: budget each turn its reply plus an observation
+        longest = first + (pool.envs[0].max_turns - 1) * (config.max_completion_length + 200)
+        check_memory(renderer, rows, config, resolve_model(config.base_model), longest=longest)
+    else:
+        if config.max_seq_length:
+            check_prompt_lengths(renderer, rows, config)
+        check_memory(renderer, rows, config, resolve_model(config.base_model))
     base_sampler = service.create_sampling_client(base_model=config.base_model) if config.kl_beta > 0 else None
     adam = types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
                             weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
@@ -200,8 +224,14 @@ def _run_grpo(config: GRPOConfig, run_dir: str | Path, sandbox, *, service, prog
     bar = _progress(len(batches), start_step, progress)
     try:
         for step in range(start_step, len(batches)):
-            row_ = _train_step(step, [rows[i] for i in batches[step]], config, training, renderer, terms, weights,
-                               base_sampler, adam, log, step // max(1, math.ceil(len(rows) / config.batch_size)))
+            epoch = step // max(1, math.ceil(len(rows) / config.batch_size))
+            batch = [rows[i] for i in batches[step]]
+            if pool is not None:
+                from strop.rl.multiturn import train_env_step
+                row_ = train_env_step(step, batch, config, training, renderer, pool, adam, log, epoch)
+            else:
+                row_ = _train_step(step, batch, config, training, renderer, terms, weights, base_sampler, adam, log,
+                                   epoch)
             log.write_step(row_)
             if on_step is not None:
                 on_step(row_)
@@ -223,6 +253,29 @@ def _run_grpo(config: GRPOConfig, run_dir: str | Path, sandbox, *, service, prog
     final = Path(training.save_weights(str(run_dir / "final")).result().path)
     return RunResult(run_dir=run_dir, steps=len(batches), final_adapter=final,
                      metrics=read_jsonl(run_dir / "metrics.jsonl"))
+
+
+def apply_update(training, datums, config: GRPOConfig, adam) -> tuple[dict, dict, float]:
+    """forward_backward + optim_step on the step's datums (none: no update); their metrics and the seconds."""
+    t1 = time.perf_counter()
+    fb_metrics, optim_metrics = {}, {}
+    if datums:
+        fb_metrics = training.forward_backward(datums, loss_fn=config.loss_fn,
+                                               loss_fn_config=config.loss_fn_config).result().metrics
+        optim_metrics = training.optim_step(adam).result().metrics
+    return fb_metrics, optim_metrics, time.perf_counter() - t1
+
+
+def update_metrics(fb_metrics: dict, optim_metrics: dict, config: GRPOConfig) -> dict:
+    """The metrics of a step's update, per trained token."""
+    trained = fb_metrics.get("tokens:sum", 0.0)
+    row = {"klSampleTrain": fb_metrics["kl_sample_train:sum"] / trained if trained else 0.0,
+           "entropy": fb_metrics["entropy:sum"] / trained if trained else None,
+           "loss": fb_metrics.get("loss:sum", 0.0), "gradNorm": optim_metrics.get("grad_norm", 0.0),
+           "learningRate": config.learning_rate}
+    if config.loss_fn == "ppo" and trained:
+        row["ppoClippedFraction"] = fb_metrics["clipped:sum"] / trained
+    return row
 
 
 def check_error_fraction(completions, n_terms: int, limit: float, step: int) -> None:
@@ -276,19 +329,12 @@ def _train_step(step, batch_rows, config, training, renderer, terms, weights, ba
             kl_values.extend(v for seq in kl_G for v in seq)
         datums.extend(group_datums(group, advantages_G, kl_G, config.kl_beta))
 
-    t1 = time.perf_counter()
-    fb_metrics, optim_metrics = {}, {}
-    if datums:
-        fb_metrics = training.forward_backward(datums, loss_fn=config.loss_fn,
-                                               loss_fn_config=config.loss_fn_config).result().metrics
-        optim_metrics = training.optim_step(adam).result().metrics
-    train_seconds = time.perf_counter() - t1
+    fb_metrics, optim_metrics, train_seconds = apply_update(training, datums, config, adam)
 
     completions = [c for g in groups for c in g.completions]
     check_error_fraction(completions, len(terms), config.max_reward_error_fraction, step)
     rewards = [c.reward for c in completions]
     n_tokens = sum(len(c.tokens) for c in completions)
-    trained_tokens = fb_metrics.get("tokens:sum", 0.0)
     row = {
         "step": step, "epoch": epoch,
         "reward": statistics.fmean(rewards),
@@ -297,18 +343,13 @@ def _train_step(step, batch_rows, config, training, renderer, terms, weights, ba
            for name in weights},
         "zeroVarianceGroups": zero_var / len(groups),
         "rewardErrors": sum(len(c.errors) for c in completions),
-        "klSampleTrain": fb_metrics["kl_sample_train:sum"] / trained_tokens if trained_tokens else 0.0,
-        "entropy": fb_metrics["entropy:sum"] / trained_tokens if trained_tokens else None,
         "completionLength": n_tokens / len(completions),
         "clippedFraction": sum(c.stop_reason == "length" for c in completions) / len(completions),
         "tokensPerSecond": n_tokens / sample_seconds if sample_seconds > 0 else 0.0,
         "stepSeconds": time.perf_counter() - t0,
-        "sampleSeconds": sample_seconds, "trainSeconds": train_seconds,
-        "datums": len(datums), "loss": fb_metrics.get("loss:sum", 0.0),
-        "gradNorm": optim_metrics.get("grad_norm", 0.0), "learningRate": config.learning_rate,
+        "sampleSeconds": sample_seconds, "trainSeconds": train_seconds, "datums": len(datums),
+        **update_metrics(fb_metrics, optim_metrics, config),
     }
-    if config.loss_fn == "ppo" and trained_tokens:
-        row["ppoClippedFraction"] = fb_metrics["clipped:sum"] / trained_tokens
     if kl_values:
         row["klBase"] = statistics.fmean(kl_values)
     log.write_rollouts(rollouts)

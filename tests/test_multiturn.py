@@ -1,0 +1,79 @@
+"""Multi-turn tool use: tool calls in renderers, episodes in lockstep, masked training, GRPO over episodes."""
+
+import json
+
+import torch
+
+import strop
+from strop import model_info
+from strop.renderers import get_renderer
+from strop.renderers.tools import hermes_messages, parse_tool_calls
+from strop.rl import GRPOConfig, run_grpo
+from strop.rl.multiturn import Episode, Turn, episode_datums, run_episodes
+from strop.tokenizer_utils import get_tokenizer
+from toy_env import TOOLS, ToyEnv
+
+
+def test_tool_calls_are_parsed_or_explained():
+    calls, problems = parse_tool_calls('I will add.<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>')
+    assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2})] and problems == []
+    cut, _ = parse_tool_calls('<tool_call>{"name": "submit_answer", "arguments": "{\\"answer\\": \\"3\\"}"}')
+    assert cut[0].arguments == {"answer": "3"}  # cut at the stop string, arguments sent as JSON text
+    none, problems = parse_tool_calls('<tool_call>{"name": add}</tool_call> and <tool_call>[1]</tool_call>')
+    assert none == [] and "not valid JSON" in problems[0] and '"name"' in problems[1]
+    assert parse_tool_calls("no call here") == ([], [])
+
+
+def test_tools_are_described_and_results_wrapped():
+    messages = hermes_messages([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"},
+                                {"role": "assistant", "content": "<tool_call>...</tool_call>"},
+                                {"role": "tool", "content": "3.0"}], TOOLS)
+    assert messages[0]["content"].startswith("Be brief.") and '"name": "submit_answer"' in messages[0]["content"]
+    assert messages[-1] == {"role": "user", "content": "<tool_response>\n3.0\n</tool_response>"}
+
+
+def _setup(tiny_model_dir):
+    model = str(tiny_model_dir)
+    service = strop.ServiceClient()
+    training = service.create_lora_training_client(base_model=model, rank=4, seed=0)
+    renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
+    return training, renderer
+
+
+def test_episodes_run_in_lockstep_until_done_or_out_of_turns(tiny_model_dir):
+    training, renderer = _setup(tiny_model_dir)
+    envs = [ToyEnv(max_turns=3) for _ in range(4)]
+    groups = run_episodes(training.save_weights_and_get_sampling_client(), renderer, envs,
+                          envs[0].tasks("train", 2), group_size=2, max_tokens=12, seed=0)
+    assert [len(g) for g in groups] == [2, 2]
+    for episode in (e for g in groups for e in g):
+        assert 1 <= len(episode.turns) <= 3
+        # a random model writes no valid call: every reply gets an observation that says how to call a tool
+        assert episode.parse_errors == len(episode.turns) and episode.reward == 0.0
+        assert "<tool_call>" in episode.messages[2]["content"] or "No tool call found" in episode.messages[-1]["content"]
+        first = episode.turns[0].prompt.to_ints()
+        assert all(t.prompt.to_ints()[:len(first)] == first for t in episode.turns)  # each turn reads all before
+
+
+def test_only_model_tokens_are_trained():
+    prompt = strop.types.ModelInput.from_ints([5, 6, 7])
+    episode = Episode(task=None, messages=[], turns=[Turn(prompt=prompt, tokens=[8, 9], logprobs=[-0.5, -0.25],
+                                                          text="", stop_reason="stop")])
+    [datum] = episode_datums([episode], torch.tensor([0.5]))
+    assert datum.model_input.to_ints() == [5, 6, 7, 8]
+    assert datum.loss_fn_inputs["target_tokens"].to_torch().tolist() == [0, 0, 8, 9]
+    assert datum.loss_fn_inputs["advantages"].to_torch().tolist() == [0.0, 0.0, 0.5, 0.5]
+    assert datum.loss_fn_inputs["logprobs"].to_torch().tolist() == [0.0, 0.0, -0.5, -0.25]
+
+
+def test_grpo_over_episodes_writes_rubrics_and_transcripts(tiny_model_dir, tmp_path):
+    config = GRPOConfig(base_model=str(tiny_model_dir), environment={"name": "toy_env:ToyEnv", "options": {"max_turns": 2}},
+                        batch_size=2, group_size=2, max_steps=2, max_completion_length=10, save_every=1, seed=0)
+    result = run_grpo(config, tmp_path / "run", progress=False)
+    assert [m["step"] for m in result.metrics] == [0, 1]
+    row = result.metrics[0]
+    assert row["modelTurns"] >= 1 and "rubric/submitted" in row and "reward/toy_env:ToyEnv" in row
+    assert row["toolCallParseErrors"] > 0
+    rollout = json.loads((tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()[0])
+    assert [m["role"] for m in rollout["transcript"][:3]] == ["user", "assistant", "tool"] and rollout["state"]["task_id"].startswith("train-")
+    assert (tmp_path / "run" / "final" / "adapter_config.json").exists()
