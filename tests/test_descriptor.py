@@ -120,7 +120,7 @@ def test_strict_types_no_coercion():
         (("kind",), "Run", '$.kind: must be "run" (got "Run")'),
         (("project",), "  ", "$.project: must be a project name (a non-empty string) (got \"  \")"),
         (("config", "dataset"), 7, "$.config.dataset: must be a registry dataset NAME or NAME@VERSION such as "
-                                   "\"gsm8k/train\", or a file path (got 7)"),
+                                   "\"gsm8k/train\", or a file path (or give config.environment instead) (got 7)"),
     ]
     for keys, value, expected in cases:
         data = seed()

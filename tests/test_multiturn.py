@@ -11,6 +11,7 @@ from strop.renderers.tools import hermes_messages, parse_tool_calls
 from strop.rl import GRPOConfig, run_grpo
 from strop.rl.multiturn import Episode, Turn, episode_datums, run_episodes
 from strop.tokenizer_utils import get_tokenizer
+from test_control import home, workspace  # noqa: F401 - fixtures of the control-plane tests
 from toy_env import TOOLS, ToyEnv
 
 
@@ -77,3 +78,26 @@ def test_grpo_over_episodes_writes_rubrics_and_transcripts(tiny_model_dir, tmp_p
     rollout = json.loads((tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()[0])
     assert [m["role"] for m in rollout["transcript"][:3]] == ["user", "assistant", "tool"] and rollout["state"]["task_id"].startswith("train-")
     assert (tmp_path / "run" / "final" / "adapter_config.json").exists()
+
+
+def test_a_descriptor_run_in_an_environment(workspace, capsys, monkeypatch):  # noqa: F811
+    from pathlib import Path
+
+    from test_control import descriptor, run
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the run worker imports toy_env too
+    env_run = descriptor(workspace, **{"config.dataset": None, "config.reward": None,
+                                       "config.environment": {"name": "toy_env:ToyEnv", "options": {"max_turns": 2}},
+                                       "config.rlHyperparams.maxSteps": 2, "config.rlHyperparams.groupSize": 2})
+    code, out, err = run(capsys, "runs", "start", "-f", env_run, "--dry-run")
+    assert code == 0 and "environment toy_env:ToyEnv" in out, err
+    run_id = run(capsys, "runs", "start", "-f", env_run, "--jq", ".runId")[1].strip()
+    code, out, _ = run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300", "-o", "json")
+    assert code == 0, out
+    metrics = json.loads(run(capsys, "runs", "metrics", run_id, "-o", "json")[1])
+    assert [m["step"] for m in metrics] == [0, 1] and "rubric/submitted" in metrics[0]
+    both = descriptor(workspace, **{"config.environment": {"name": "no-such-env"}})
+    code, _, err = run(capsys, "runs", "start", "-f", both, "--dry-run")
+    assert code == 1 and "exactly one of dataset" in err
+    unknown = descriptor(workspace, **{"config.dataset": None, "config.environment": {"name": "no-such-env"}})
+    code, _, err = run(capsys, "runs", "start", "-f", unknown, "--dry-run")
+    assert code == 1 and "no environment 'no-such-env'" in err

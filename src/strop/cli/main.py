@@ -17,7 +17,8 @@ from strop.errors import StropError
 
 def build_parser() -> argparse.ArgumentParser:
     from strop import __version__
-    from strop.cli import base_models, compare, evaluations, models, projects, quickstart, registry, runs, serve, train
+    from strop.cli import (base_models, compare, envs, evaluations, models, projects, quickstart, registry, runs, serve,
+                           train)
 
     parser = argparse.ArgumentParser(
         prog="strop",
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     base_models.register(nouns)
     train.register(nouns)
     quickstart.register(nouns)
+    envs.register(nouns)
     return parser
 
 

@@ -56,6 +56,8 @@ def _show(r: dict) -> str:
     pinned = r.get("pinned") or {}
     if "dataset" in pinned:
         lines.append(f"dataset: {pinned['dataset']['ref']}")
+    if "environment" in pinned:
+        lines.append(f"environment: {pinned['environment']['name']} ({pinned['environment']['split']})")
     for term in pinned.get("terms", []):
         lines.append(f"reward term {term['name']}: {term.get('bundle') or term.get('builtin')} x {term['weight']}")
     if r.get("evaluations"):
@@ -74,8 +76,9 @@ def _start(args) -> int:
     from strop.control import runs
     result = runs.start(args.file, dry_run=args.dry_run)
     if args.dry_run:
-        emit(args, result, lambda r: f"descriptor is valid and admissible: dataset {r['pinned']['dataset']['ref']}, "
-                                     f"{len(r['pinned']['terms'])} reward term(s), base model {r['pinned']['baseModel']['id']}")
+        emit(args, result, lambda r: "descriptor is valid and admissible: " + (
+            f"dataset {r['pinned']['dataset']['ref']}, {len(r['pinned']['terms'])} reward term(s)" if "dataset" in r["pinned"]
+            else f"environment {r['pinned']['environment']['name']}") + f", base model {r['pinned']['baseModel']['id']}")
     else:
         emit(args, result, lambda r: r["runId"])
     return 0

@@ -149,11 +149,21 @@ class RewardSpec(_Strict):
     memory_mb: int = _field(2048, accepts="an integer >= 64 (MiB)", ge=64)
 
 
+class EnvironmentSpec(_Strict):
+    name: Text = _field(accepts='an environment name such as "finance-sql" (`strop envs list`), or "module:Class"')
+    options: dict[str, Any] = _field(default_factory=dict, accepts='an object of the environment\'s options, e.g. {"seed": 0}')
+    split: Text = _field("train", accepts='the split to train on, e.g. "train"')
+
+
 class RunConfig(_Strict):
-    dataset: Text = _field(accepts='a registry dataset NAME or NAME@VERSION such as "gsm8k/train", or a file path')
+    dataset: Text | None = _field(None, accepts='a registry dataset NAME or NAME@VERSION such as "gsm8k/train", or a '
+                                               'file path (or give config.environment instead)')
+    environment: EnvironmentSpec | None = _field(None, accepts='{"name": "finance-sql", "options": {...}} for '
+                                                               'multi-turn tool use, instead of a dataset')
     method: Literal["grpo"] = _field(accepts='"grpo"')
     rl_hyperparams: RLHyperparams
-    reward: RewardSpec
+    reward: RewardSpec | None = _field(None, accepts="the reward terms (needed with a dataset; an environment "
+                                                     "gives its own reward)")
     max_seq_length: int = _field(accepts="an integer > $.config.rlHyperparams.maxCompletionLength", ge=2)
     eval_every: int | None = _field(None, accepts="an integer >= 1, or null (no evaluation during training)", ge=1)
 
@@ -187,7 +197,7 @@ class RunDescriptor(_Strict):
     def term_names(self) -> list[str]:
         """One unique name per reward term, for metrics: `name`, else the bundle's, suffixed when repeated."""
         names: list[str] = []
-        for term in self.config.reward.terms:
+        for term in (self.config.reward.terms if self.config.reward else []):
             n, base = 1, term.default_name
             while (candidate := base if n == 1 else f"{base}-{n}") in names:
                 n += 1
@@ -196,29 +206,33 @@ class RunDescriptor(_Strict):
 
     def reward_term_specs(self, grader_refs: list[str]) -> list[dict]:
         """`[{"name", "weight", "grader"}]` for `to_grpo_config`, given each term's resolved grader reference."""
-        terms = self.config.reward.terms
+        terms = self.config.reward.terms if self.config.reward else []
         if len(grader_refs) != len(terms):
             raise StropError(f"the descriptor has {len(terms)} reward terms but {len(grader_refs)} grader "
                              f"references were given: resolve each term's bundle once, in order.")
         return [{"name": name, "weight": term.weight, "grader": ref}
                 for name, term, ref in zip(self.term_names(), terms, grader_refs)]
 
-    def to_grpo_config(self, dataset: str, reward_terms: list[dict], **overrides: Any) -> GRPOConfig:
+    def to_grpo_config(self, dataset: str | None, reward_terms: list[dict], **overrides: Any) -> GRPOConfig:
         """The loop's config: this descriptor's numbers, the resolved dataset path and reward-term specs.
 
         `overrides` set GRPOConfig fields the descriptor has no place for (seed, system_prompt, ...).
         """
         hp, known = self.config.rl_hyperparams, {f.name for f in dataclass_fields(GRPOConfig)}
+        reward, env = self.config.reward or RewardSpec(terms=[RewardTermSpec(kind="rule", weight=1.0,
+                                                                           bundle="builtin:gsm8k")]), self.config.environment
         values: dict[str, Any] = dict(
-            base_model=self.base_model, dataset=dataset, reward_terms=list(reward_terms),
+            base_model=self.base_model, dataset=dataset or "synthetic:add",
+            reward_terms=list(reward_terms) or [{"name": "unused", "weight": 1.0, "grader": "builtin:gsm8k"}],
+            environment=None if env is None else {"name": env.name, "options": dict(env.options), "split": env.split},
             epochs=hp.epochs, max_steps=hp.max_steps, group_size=hp.group_size, batch_size=hp.batch_size,
             kl_beta=hp.kl_beta, temperature=hp.temperature, max_completion_length=hp.max_completion_length,
             lora_rank=hp.lora.rank, lora_alpha=hp.lora.alpha, learning_rate=hp.optimizer.learning_rate,
             weight_decay=hp.optimizer.weight_decay, grad_clip_norm=hp.optimizer.grad_clip_norm,
             max_seq_length=self.config.max_seq_length, save_every=self.execution.save_every,
             keep_adapters=self.execution.keep_adapters,
-            max_reward_error_fraction=self.config.reward.max_error_fraction,
-            grader_timeout=self.config.reward.timeout_seconds, grader_memory_mb=self.config.reward.memory_mb,
+            max_reward_error_fraction=reward.max_error_fraction,
+            grader_timeout=reward.timeout_seconds, grader_memory_mb=reward.memory_mb,
         )
         # Settings the loop may not take yet: passed on when it does, refused (never dropped) when it does not.
         unsupported = []
@@ -326,6 +340,14 @@ def cross_field_problems(data: Any) -> list[str]:
     if _is_int(seq, least=2) and _is_int(completion, least=1) and seq <= completion:
         problems.append(f"$.config.maxSeqLength: must be greater than $.config.rlHyperparams.maxCompletionLength "
                         f"({completion}) to leave room for the prompt (got {seq})")
+    has_dataset, has_env = config.get("dataset") is not None, config.get("environment") is not None
+    if has_dataset == has_env and isinstance(data, dict) and "config" in data:
+        problems.append("$.config: give exactly one of dataset (single-turn) and environment (multi-turn tool use)")
+    if has_dataset and config.get("reward") is None:
+        problems.append("$.config.reward: a run on a dataset needs reward terms, e.g. "
+                        '{"terms": [{"kind": "rule", "weight": 1.0, "bundle": "builtin:gsm8k"}]}')
+    if has_env and isinstance(hp.get("klBeta"), (int, float)) and hp.get("klBeta"):
+        problems.append("$.config.rlHyperparams.klBeta: a KL penalty is not supported with an environment yet; set 0")
     terms = child(child(config, "reward", dict), "terms", list)
     first_use: dict[str, int] = {}
     for i, term in enumerate(terms):

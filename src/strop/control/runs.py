@@ -50,13 +50,29 @@ def admit(descriptor: RunDescriptor) -> dict:
         pinned["baseModel"] = {"id": descriptor.base_model, "path": base_models.require_selected(descriptor.base_model)}
     except StropError as exc:
         problems.append(f"$.baseModel: {exc}")
-    try:
-        version = registry.get_dataset(descriptor.config.dataset)
-        pinned["dataset"] = {"ref": version["ref"], "sha256": version["sha256"], "rows": version.get("rows")}
-    except StropError as exc:
-        problems.append(f"$.config.dataset: {exc}")
+    if descriptor.config.environment is not None:
+        env = descriptor.config.environment
+        try:
+            from strop.envs import get_env
+            probe = get_env(env.name, **env.options)  # an unknown name or a bad option fails here, not in the worker
+            try:
+                if env.split not in probe.splits():
+                    problems.append(f"$.config.environment.split: {env.name} has splits {probe.splits()}, "
+                                    f"not {env.split!r}")
+            finally:
+                probe.close()
+            pinned["environment"] = {"name": env.name, "options": dict(env.options), "split": env.split}
+        except (StropError, TypeError) as exc:
+            problems.append(f"$.config.environment: {exc}")
+    else:
+        try:
+            version = registry.get_dataset(descriptor.config.dataset)
+            pinned["dataset"] = {"ref": version["ref"], "sha256": version["sha256"], "rows": version.get("rows")}
+        except StropError as exc:
+            problems.append(f"$.config.dataset: {exc}")
     pinned["terms"] = []
-    for i, (name, term) in enumerate(zip(descriptor.term_names(), descriptor.config.reward.terms)):
+    terms = descriptor.config.reward.terms if descriptor.config.reward else []
+    for i, (name, term) in enumerate(zip(descriptor.term_names(), terms)):
         entry = {"name": name, "weight": term.weight, "module": term.module, "function": term.function}
         if term.is_builtin:
             entry["builtin"] = term.bundle
@@ -67,7 +83,7 @@ def admit(descriptor: RunDescriptor) -> dict:
             except StropError as exc:
                 problems.append(f"$.config.reward.terms[{i}].bundle: {exc}")
         pinned["terms"].append(entry)
-    if not problems:
+    if not problems and "dataset" in pinned:  # an environment's run is checked by the loop, from its tool prompts
         problems += memory_problems(descriptor, pinned)
     if problems:
         raise RunError("run not admitted:\n  " + "\n  ".join(problems))

@@ -41,6 +41,9 @@ def build_config(run: Run, folder: Path):
     from strop.control import registry
     from strop.control.descriptor import validate_descriptor
     descriptor = validate_descriptor(run.descriptor)
+    if "environment" in run.pinned:
+        return descriptor.to_grpo_config(None, [], base_model=run.pinned["baseModel"]["path"],
+                                         renderer=model_info.get_recommended_renderer_name(descriptor.base_model))
     # artifacts are named by sha256 alone; the loader reads a file by its suffix, so copy it in with one
     _, version = registry.dataset_file(run.pinned["dataset"]["ref"])
     suffix = Path(version["source"] or "rows.jsonl").suffix or ".jsonl"
@@ -49,7 +52,7 @@ def build_config(run: Run, folder: Path):
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(artifacts.path_of(run.pinned["dataset"]["sha256"]), dataset)
     refs = []
-    for term, spec in zip(run.pinned["terms"], descriptor.config.reward.terms):
+    for term, spec in zip(run.pinned["terms"], descriptor.config.reward.terms if descriptor.config.reward else []):
         if "builtin" in term:
             refs.append(term["builtin"])
         else:

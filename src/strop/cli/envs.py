@@ -1,0 +1,158 @@
+"""`strop envs list|try|eval|serve`: tool-use environments by hand, by model, and over the network."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from strop.cli.output import add_output_flags, emit, format_table, note
+
+
+def register(nouns) -> None:
+    parser = nouns.add_parser("envs", help="tool-use environments: list, play by hand, evaluate a model, serve",
+                              description="Multi-turn tool-use environments (e.g. finance-sql: questions answered "
+                                          "with SQL over a company's financial statements).")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    ls = verbs.add_parser("list", help="the environments", epilog="example:\n  strop envs list",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_output_flags(ls)
+    ls.set_defaults(handler=_list)
+
+    play = verbs.add_parser(
+        "try", help="play an episode by hand in the terminal",
+        description="Play one episode yourself: type a tool call per line as `TOOL ARG` (e.g. `describe_table "
+                    "balance_sheet`, `run_sql SELECT ...`, `submit_answer 12.5`) or as JSON "
+                    '{"name": ..., "arguments": {...}}; `tools` lists the tools, `state` shows the episode, `quit` ends.',
+        epilog="example:\n  strop envs try finance-sql --split eval-multi --task 3",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    play.add_argument("name", metavar="ENV")
+    play.add_argument("--split", default="train", help="which split to draw the task from (default: %(default)s)")
+    play.add_argument("--task", type=int, default=0, help="index of the task in that split (default: %(default)s)")
+    play.add_argument("--seed", type=int, default=0, help="environment seed (default: %(default)s)")
+    play.set_defaults(handler=_try)
+
+    ev = verbs.add_parser(
+        "eval", help="pass@1 of a model per split, with behaviour rubrics",
+        description="Evaluate a model in the environment, greedily: pass@1 and mean reward per split, and the "
+                    "behaviour rubrics (tables listed before querying, invented names, SQL errors and recoveries, "
+                    "turns, answers submitted). MODEL is a base model id or folder, a tuned modelId, or "
+                    "openai:NAME@URL (tools passed natively).",
+        epilog="example:\n  strop envs eval finance-sql --model HuggingFaceTB/SmolLM2-135M-Instruct --limit 20",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ev.add_argument("name", metavar="ENV")
+    ev.add_argument("--model", required=True)
+    ev.add_argument("--splits", help="comma-separated splits (default: every split but train)")
+    ev.add_argument("--limit", type=int, help="tasks per split")
+    ev.add_argument("--seed", type=int, default=0, help="environment seed (default: %(default)s)")
+    ev.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply (default: %(default)s)")
+    ev.add_argument("--api-key-env", default="OPENAI_API_KEY", help="API key variable for openai:NAME@URL")
+    add_output_flags(ev)
+    ev.set_defaults(handler=_eval)
+
+    serve = verbs.add_parser(
+        "serve", help="serve an environment over OpenEnv's protocol (WebSocket /ws, /health, /schema)",
+        description="Serve ENV so OpenEnv clients (and strop's RemoteEnv) can use it; each connection gets its own "
+                    "episode. Binds to 127.0.0.1 unless --host says otherwise.",
+        epilog="example:\n  strop envs serve finance-sql --port 8010 --api-key-env ENV_KEY",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("name", metavar="ENV")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    serve.add_argument("--port", type=int, default=8010, help="port (default: %(default)s)")
+    serve.add_argument("--seed", type=int, default=0, help="environment seed (default: %(default)s)")
+    serve.add_argument("--api-key-env", metavar="VAR", help="require the key held in environment variable VAR")
+    serve.set_defaults(handler=_serve)
+
+
+def _list(args) -> int:
+    from strop.envs import list_envs
+    emit(args, list_envs(), lambda rs: format_table(rs, [("name", "NAME"), ("description", "DESCRIPTION")]))
+    return 0
+
+
+def _parse_line(line: str):
+    from strop.envs.base import ToolCall
+    line = line.strip()
+    if line.startswith("{"):
+        data = json.loads(line)
+        return ToolCall(data["name"], data.get("arguments") or {})
+    name, _, rest = line.partition(" ")
+    argument = {"describe_table": "table", "run_sql": "query", "submit_answer": "answer"}.get(name)
+    if argument and rest:
+        return ToolCall(name, {argument: rest.strip()})
+    return ToolCall(name, dict(pair.split("=", 1) for pair in shlex.split(rest)) if rest else {})
+
+
+def _try(args) -> int:
+    from strop.envs import get_env
+    from strop.errors import StropError
+    env = get_env(args.name, seed=args.seed)
+    try:
+        tasks = env.tasks(args.split)
+        if not 0 <= args.task < len(tasks):
+            raise StropError(f"--task must be between 0 and {len(tasks) - 1} for split {args.split!r}")
+        print(env.reset(tasks[args.task]).content)
+        print("tools: " + ", ".join(t["function"]["name"] for t in env.tools()) + "   (type `tools`, `state` or `quit`)")
+        while True:
+            print("> ", end="", flush=True)
+            line = sys.stdin.readline()
+            if not line or line.strip() == "quit":
+                break
+            if not line.strip():
+                continue
+            if line.strip() == "tools":
+                print(json.dumps(env.tools(), indent=1))
+                continue
+            if line.strip() == "state":
+                print(json.dumps(env.state(), indent=1))
+                continue
+            try:
+                call = _parse_line(line)
+            except (ValueError, KeyError) as exc:
+                print(f"could not read that call ({exc}); write `TOOL ARG` or JSON")
+                continue
+            result = env.step(call)
+            print(result.observation.content)
+            if result.done:
+                print(f"episode over: reward {result.reward:g}" + (f", {result.info}" if result.info else ""))
+                break
+        return 0
+    finally:
+        env.close()
+
+
+def _eval(args) -> int:
+    from strop.control.evaluations import resolve_model
+    from strop.evals.envs import evaluate_env
+    target = resolve_model(args.model)
+    model = target.get("openai") or target["basePath"]
+    report = evaluate_env(model, args.name, splits=args.splits.split(",") if args.splits else None, limit=args.limit,
+                          options={"seed": args.seed}, adapter=target.get("adapter"), max_tokens=args.max_tokens,
+                          api_key_env=args.api_key_env)
+    report["model"] = args.model
+
+    def show(r):
+        lines = [f"{args.name}: {args.model}"]
+        for split, s in r["splits"].items():
+            rubrics = "  ".join(f"{k} {v:.2f}" for k, v in s["rubrics"].items())
+            lines.append(f"{split:<14} pass@1 {s['pass@1']:.1%} ({s['n']} tasks)  mean reward {s['meanReward']:.3f}  {rubrics}")
+        return "\n".join(lines)
+    emit(args, report, show)
+    return 0
+
+
+def _serve(args) -> int:
+    import os
+
+    from strop.envs.openenv_server import serve_env
+    from strop.errors import StropError
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise StropError(f"--api-key-env {args.api_key_env}: that variable is not set")
+    note(f"serving {args.name} on ws://{args.host}:{args.port}/ws (Ctrl-C stops it)")
+    serve_env(args.name, host=args.host, port=args.port, api_key=key, options={"seed": args.seed})
+    return 0

@@ -1,0 +1,125 @@
+"""Evaluate a model in a tool-use environment: pass@1 per split, with the behaviour rubrics.
+
+    report = evaluate_env("HuggingFaceTB/SmolLM2-135M-Instruct", "finance-sql", splits=["eval-single", "eval-multi"])
+    report["splits"]["eval-multi"]["pass@1"], report["splits"]["eval-multi"]["rubrics"]
+
+A local model (a base model id or folder, optionally with an adapter) answers greedily through strop's
+sampler, tools described Hermes-style. An `openai:NAME@URL` endpoint gets the tools through the API's native
+`tools` parameter and answers with `tool_calls`. An episode counts as passed when the environment says the
+submitted answer is correct (`info["correct"]`), or, for environments that do not say, when its reward is 1.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+
+from strop.envs.base import ToolCall
+
+
+def _passed(reward: float, info: dict) -> bool:
+    return bool(info["correct"]) if "correct" in info else reward >= 1.0
+
+
+def _summary(episodes: list[dict]) -> dict:
+    from strop.envs.rubrics import rubric_metrics
+    n = len(episodes)
+    return {"n": n, "pass@1": sum(e["passed"] for e in episodes) / n if n else 0.0,
+            "meanReward": statistics.fmean(e["reward"] for e in episodes) if n else 0.0,
+            "rubrics": {k.removeprefix("rubric/"): v for k, v in rubric_metrics([e["state"] for e in episodes]).items()},
+            "episodes": episodes}
+
+
+def evaluate_env(model: str, env_name: str, *, splits: list[str] | None = None, limit: int | None = None,
+                 options: dict | None = None, adapter: str | None = None, max_tokens: int = 256,
+                 max_turns: int | None = None, api_key_env: str = "OPENAI_API_KEY", concurrency: int = 4) -> dict:
+    """pass@1, mean reward and rubrics per split of `env_name` for `model` (local, or openai:NAME@URL)."""
+    from strop.envs import get_env
+    probe = get_env(env_name, **(options or {}))
+    try:
+        splits = splits or [s for s in probe.splits() if s != "train"] or probe.splits()
+        tasks = {split: probe.tasks(split, limit) for split in splits}
+    finally:
+        probe.close()
+    out = {"model": model, "environment": env_name, "splits": {}}
+    for split, split_tasks in tasks.items():
+        if model.startswith("openai:"):
+            episodes = _endpoint_episodes(model, env_name, options or {}, split_tasks, max_tokens=max_tokens,
+                                          max_turns=max_turns, api_key_env=api_key_env, concurrency=concurrency)
+        else:
+            episodes = _local_episodes(model, env_name, options or {}, split_tasks, adapter=adapter,
+                                       max_tokens=max_tokens, max_turns=max_turns)
+        out["splits"][split] = _summary(episodes)
+    return out
+
+
+def _local_episodes(model, env_name, options, tasks, *, adapter, max_tokens, max_turns) -> list[dict]:
+    import strop
+    from strop import model_info
+    from strop.renderers import get_renderer
+    from strop.rl.multiturn import EnvPool, run_episodes
+    from strop.tokenizer_utils import get_tokenizer
+    sampler = strop.ServiceClient().create_sampling_client(base_model=model, model_path=adapter)
+    renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
+    pool = EnvPool({"name": env_name, "options": options}, len(tasks))
+    try:
+        groups = run_episodes(sampler, renderer, pool.envs, tasks, group_size=1, max_tokens=max_tokens,
+                              temperature=0.0, max_turns=max_turns)
+    finally:
+        pool.close()
+    return [{"task": e.task.id, "gold": e.task.answer, "reward": e.reward, "passed": _passed(e.reward, e.info),
+             "turns": len(e.turns), "state": e.state, "transcript": e.transcript()} for [e] in groups]
+
+
+def _endpoint_episodes(model, env_name, options, tasks, *, max_tokens, max_turns, api_key_env, concurrency):
+    from strop.envs import get_env
+    from strop.evals.openai_client import client_for, parse_openai_ref
+    ref = parse_openai_ref(model)
+    client = client_for(ref, api_key_env=api_key_env)
+
+    def one(task):
+        env = get_env(env_name, **options)
+        try:
+            return _endpoint_episode(client, ref.model, env, task, max_tokens, max_turns or env.max_turns)
+        finally:
+            env.close()
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        return list(pool.map(one, tasks))
+
+
+def _endpoint_episode(client, model_name, env, task, max_tokens, max_turns) -> dict:
+    messages = [{"role": "user", "content": env.reset(task).content}]
+    reward, info, turns, error = 0.0, {}, 0, None
+    for turns in range(1, max_turns + 1):
+        try:
+            reply = client.chat.completions.create(model=model_name, messages=messages, tools=env.tools(),
+                                                   max_tokens=max_tokens, temperature=0.0).choices[0].message
+        except Exception as exc:  # noqa: BLE001 - after the client's retries: the episode ends, recorded
+            error = f"request failed: {type(exc).__name__}: {exc}"
+            break
+        calls = list(reply.tool_calls or [])
+        messages.append({"role": "assistant", "content": reply.content or "",
+                         **({"tool_calls": [c.model_dump() for c in calls]} if calls else {})})
+        if not calls:
+            messages.append({"role": "user", "content": "Call a tool; give your final answer with submit_answer."})
+            continue
+        done = False
+        for call in calls:
+            try:
+                arguments = json.loads(call.function.arguments or "{}")
+            except json.JSONDecodeError as exc:
+                arguments, content = None, f"arguments are not valid JSON: {exc.msg}"
+            if arguments is not None:
+                result = env.step(ToolCall(call.function.name, arguments if isinstance(arguments, dict) else {}, call.id))
+                content, done = result.observation.content, result.done
+                if done:
+                    reward, info = float(result.reward), dict(result.info)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+            if done:
+                break
+        if done:
+            break
+    return {"task": task.id, "gold": task.answer, "reward": reward, "passed": _passed(reward, info), "turns": turns,
+            "state": env.state(), "transcript": messages, **({"error": error} if error else {})}
