@@ -1,0 +1,63 @@
+"""Evaluating models in a tool-use environment: an OpenAI-compatible endpoint with native tool calls (a scripted
+server on loopback, driven by the real openai client) and a local model through strop's sampler."""
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from strop.evals.envs import evaluate_env
+
+
+class _ToolCaller(BaseHTTPRequestHandler):
+    """Answers 'What is N + 2?' by calling add, then submit_answer with what add returned: native tool calls."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append(body)
+        messages = body["messages"]
+        if messages[-1]["role"] == "tool":
+            call = {"name": "submit_answer", "arguments": json.dumps({"answer": messages[-1]["content"]})}
+        else:
+            n = int(re.search(r"What is (\d+)", messages[0]["content"]).group(1))
+            call = {"name": "add", "arguments": json.dumps({"a": n, "b": 2})}
+        payload = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                   "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                       "role": "assistant", "content": None,
+                       "tool_calls": [{"id": f"call-{len(messages)}", "type": "function", "function": call}]}}],
+                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_endpoint_with_native_tool_calls_passes(monkeypatch):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ToolCaller)
+    server.requests = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        report = evaluate_env(f"openai:caller@http://127.0.0.1:{server.server_port}/v1", "toy_env:ToyEnv",
+                              splits=["eval"], limit=3, options={"max_turns": 3}, concurrency=1)
+    finally:
+        server.shutdown()
+    split = report["splits"]["eval"]
+    assert split["n"] == 3 and split["pass@1"] == 1.0 and split["meanReward"] == 1.0
+    assert all(e["turns"] == 2 for e in split["episodes"])
+    assert server.requests[0]["tools"][0]["function"]["name"] == "add"  # tools passed natively
+    second = server.requests[1]["messages"]
+    assert second[1]["tool_calls"][0]["function"]["name"] == "add" and second[2]["role"] == "tool"
+    assert split["rubrics"]["submitted"] == 1.0
+
+
+def test_a_local_model_is_evaluated_per_split(tiny_model_dir):
+    report = evaluate_env(str(tiny_model_dir), "toy_env:ToyEnv", limit=2, options={"max_turns": 2}, max_tokens=8)
+    assert list(report["splits"]) == ["eval"]  # every split but train by default
+    split = report["splits"]["eval"]
+    assert split["n"] == 2 and split["pass@1"] == 0.0  # a random model never answers right
+    assert split["episodes"][0]["transcript"][0]["content"].startswith("What is 100 + 2?")
