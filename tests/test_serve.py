@@ -64,3 +64,24 @@ def test_evaluate_an_endpoint(server, monkeypatch):
     assert down.summary["requestErrors"] == 1 and down.items[0].score == 0.0 and "request failed" in down.items[0].error
     with pytest.raises(StropError, match="openai:NAME@URL"):
         parse_openai_ref("openai:no-url")
+
+
+def test_tools_go_in_and_tool_calls_come_out(server):
+    from strop.serve.server import hermes_turn, tool_reply
+    reply, finish = tool_reply('Let me look.<tool_call>{"name": "run_sql", "arguments": {"query": "SELECT 1"}}'
+                               '</tool_call>', "stop")
+    assert finish == "tool_calls" and reply["content"] == "Let me look."
+    assert reply["tool_calls"][0]["function"] == {"name": "run_sql", "arguments": '{"query": "SELECT 1"}'}
+    assert tool_reply("just text", "stop") == ({"role": "assistant", "content": "just text"}, "stop")
+    back = hermes_turn({"role": "assistant", "content": None, "tool_calls": reply["tool_calls"]})
+    assert back["content"] == '<tool_call>{"name": "run_sql", "arguments": {"query": "SELECT 1"}}</tool_call>'
+    client = OpenAI(base_url=url(server), api_key="sekret", max_retries=0)
+    tools = [{"type": "function", "function": {"name": "run_sql", "parameters": {"type": "object"}}}]
+    answer = client.chat.completions.create(model="tiny", max_tokens=4, tools=tools, messages=[
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": reply["tool_calls"]},
+        {"role": "tool", "tool_call_id": "x", "content": "1"}])
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    import openai
+    with pytest.raises(openai.BadRequestError, match="tools"):
+        client.chat.completions.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": "q"}],
+                                       tools=[{"type": "function"}])

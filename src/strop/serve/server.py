@@ -6,7 +6,8 @@ use a base or tuned model by URL.
     # OpenAI(base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key="unused").chat.completions.create(...)
 
 Endpoints: GET /v1/models, POST /v1/chat/completions (messages, max_tokens, temperature, top_p, n, stop, seed,
-response_format: json_object or json_schema, enforced by grammar-constrained decoding).
+response_format: json_object or json_schema, enforced by grammar-constrained decoding; tools, answered with
+`tool_calls` when the model writes Hermes-style <tool_call> blocks).
 It binds to 127.0.0.1 unless told otherwise, checks `Authorization: Bearer KEY` when given a key, and refuses
 request bodies over `max_body` bytes. Requests are served one generation at a time (one model, one CPU).
 """
@@ -39,6 +40,42 @@ def schema_of(response_format) -> dict | None:
     raise ValueError("'response_format' must be {'type': 'text' | 'json_object' | 'json_schema', ...}")
 
 
+TOOL_STOP = "</tool_call>"
+
+
+def tools_of(tools) -> list[dict] | None:
+    """The request's `tools`, checked: OpenAI function tools."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
+                                              and isinstance(t["function"].get("name"), str) for t in tools):
+        raise ValueError("'tools' must be a list of {'type': 'function', 'function': {'name': ..., 'parameters': ...}}")
+    return tools or None
+
+
+def hermes_turn(message: dict) -> dict:
+    """An OpenAI message as the model saw it: an assistant's tool_calls written back as <tool_call> blocks."""
+    calls = message.get("tool_calls") or []
+    if message.get("role") != "assistant" or not calls:
+        return {"role": message["role"], "content": message.get("content") or ""}
+    blocks = [f'<tool_call>{{"name": {json.dumps(c["function"]["name"])}, "arguments": '
+              f'{c["function"].get("arguments") or "{}"}}}</tool_call>' for c in calls]
+    return {"role": "assistant", "content": "\n".join(filter(None, [message.get("content") or "", *blocks]))}
+
+
+def tool_reply(text: str, finish: str) -> tuple[dict, str]:
+    """A reply with <tool_call> blocks as OpenAI `tool_calls` (finish_reason tool_calls); other text stays content."""
+    from strop.renderers.tools import parse_tool_calls
+    calls, _ = parse_tool_calls(text)
+    if not calls:
+        return {"role": "assistant", "content": text}, finish
+    content = text[:text.index("<tool_call>")].strip() or None
+    return ({"role": "assistant", "content": content,
+             "tool_calls": [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]},
+            "tool_calls")
+
+
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -60,11 +97,15 @@ class ModelServer(ThreadingHTTPServer):
             raise ValueError("'max_tokens' must be a positive integer and 'n' between 1 and 16")
         stop = body.get("stop")
         extra = [stop] if isinstance(stop, str) else list(stop or [])  # the client's stops cut the text below
+        tools = tools_of(body.get("tools"))
+        stops = self.renderer.get_stop_sequences() + ([TOOL_STOP] if tools else [])
         params = types.SamplingParams(max_tokens=max_tokens, temperature=float(body.get("temperature", 1.0)),
-                                      top_p=float(body.get("top_p", 1.0)), seed=body.get("seed"),
-                                      stop=self.renderer.get_stop_sequences(),
+                                      top_p=float(body.get("top_p", 1.0)), seed=body.get("seed"), stop=stops,
                                       json_schema=schema_of(body.get("response_format")))
-        prompt = self.renderer.build_generation_prompt(messages)
+        if tools:
+            prompt = self.renderer.build_tool_prompt([hermes_turn(m) for m in messages], tools)
+        else:
+            prompt = self.renderer.build_generation_prompt(messages)
         with self.lock:
             result = self.sampler.sample(prompt=prompt, num_samples=n, sampling_params=params).result()
         choices, completion_tokens = [], 0
@@ -75,7 +116,10 @@ class ModelServer(ThreadingHTTPServer):
             for s in extra:
                 if s in text:
                     text, finish = text[:text.index(s)], "stop"
-            choices.append({"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
+            reply = {"role": "assistant", "content": text}
+            if tools:
+                reply, finish = tool_reply(text, finish)
+            choices.append({"index": i, "message": reply, "finish_reason": finish})
             completion_tokens += len(seq.tokens)
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
