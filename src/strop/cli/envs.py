@@ -49,6 +49,8 @@ def register(nouns) -> None:
     ev.add_argument("--seed", type=int, default=0, help="environment seed (default: %(default)s)")
     ev.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply (default: %(default)s)")
     ev.add_argument("--api-key-env", default="OPENAI_API_KEY", help="API key variable for openai:NAME@URL")
+    ev.add_argument("--baseline", metavar="MODEL", help="also evaluate this model on the same tasks and compare "
+                                                        "(per split: pass@1 of each, delta, exact McNemar p)")
     add_output_flags(ev)
     ev.set_defaults(handler=_eval)
 
@@ -123,21 +125,47 @@ def _try(args) -> int:
         env.close()
 
 
-def _eval(args) -> int:
+def _evaluate(args, model_ref: str) -> dict:
+    from pathlib import Path
+
     from strop.control.evaluations import resolve_model
     from strop.evals.envs import evaluate_env
-    target = resolve_model(args.model)
-    model = target.get("openai") or target["basePath"]
-    report = evaluate_env(model, args.name, splits=args.splits.split(",") if args.splits else None, limit=args.limit,
+    # a model folder is used as it is; ids go through the store (tuned modelIds, selected base models)
+    target = {"basePath": model_ref} if Path(model_ref).is_dir() else resolve_model(model_ref)
+    report = evaluate_env(target.get("openai") or target["basePath"], args.name,
+                          splits=args.splits.split(",") if args.splits else None, limit=args.limit,
                           options={"seed": args.seed}, adapter=target.get("adapter"), max_tokens=args.max_tokens,
                           api_key_env=args.api_key_env)
-    report["model"] = args.model
+    return {**report, "model": model_ref}
+
+
+def _eval(args) -> int:
+    from strop.evals.stats import discordant, mcnemar_exact
+    report = _evaluate(args, args.model)
+    if args.baseline:
+        base = _evaluate(args, args.baseline)
+        report["baseline"] = base
+        report["comparison"] = {}
+        for split, s in report["splits"].items():
+            a = [e["passed"] for e in base["splits"][split]["episodes"]]
+            b = [e["passed"] for e in s["episodes"]]
+            only_a, only_b = discordant(a, b)
+            report["comparison"][split] = {"baseline": base["splits"][split]["pass@1"], "model": s["pass@1"],
+                                           "delta": s["pass@1"] - base["splits"][split]["pass@1"],
+                                           "mcnemarP": mcnemar_exact(only_a, only_b), "baselineOnly": only_a,
+                                           "modelOnly": only_b}
 
     def show(r):
-        lines = [f"{args.name}: {args.model}"]
-        for split, s in r["splits"].items():
-            rubrics = "  ".join(f"{k} {v:.2f}" for k, v in s["rubrics"].items())
-            lines.append(f"{split:<14} pass@1 {s['pass@1']:.1%} ({s['n']} tasks)  mean reward {s['meanReward']:.3f}  {rubrics}")
+        lines = []
+        for who in ([r["baseline"]] if "baseline" in r else []) + [r]:
+            lines.append(f"{args.name}: {who['model']}")
+            for split, s in who["splits"].items():
+                rubrics = "  ".join(f"{k} {v:.2f}" for k, v in s["rubrics"].items())
+                lines.append(f"  {split:<14} pass@1 {s['pass@1']:.1%} ({s['n']} tasks)  mean reward "
+                             f"{s['meanReward']:.3f}  {rubrics}")
+        for split, c in (r.get("comparison") or {}).items():
+            lines.append(f"{split}: {c['model']:.1%} vs baseline {c['baseline']:.1%} ({c['delta']:+.1%}), exact McNemar "
+                         f"p = {c['mcnemarP']:.3g} ({c['baselineOnly']} only baseline, {c['modelOnly']} only model)")
         return "\n".join(lines)
     emit(args, report, show)
     return 0
