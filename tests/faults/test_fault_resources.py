@@ -31,3 +31,14 @@ def test_strop_train_refuses_before_the_run_folder_exists(home, tmp_path, capsys
     code, _, err = run(capsys, "train", "--base-model", "strop/tiny-random", "--steps", "1", "--run-dir", tmp_path / "run")
     assert code == 1 and "would need about" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tight_budget_gets_smaller_micro_batches_not_a_refusal(tiny_model_dir, monkeypatch):
+    from strop.engine.resources import plan_grpo_memory
+    sizes = dict(batch_size=8, group_size=8, prompt_tokens=900, completion_tokens=100)
+    roomy = plan_grpo_memory(tiny_model_dir, **sizes)
+    # a budget that holds everything but half the activations of a full micro-batch
+    budget = roomy["total"] - roomy["activations"] // 2
+    monkeypatch.setenv("STROP_MEMORY_LIMIT_MB", str(budget / (1 << 20)))
+    tight = plan_grpo_memory(tiny_model_dir, **sizes)
+    assert 1000 <= tight["tokensPerMicroBatch"] < roomy["tokensPerMicroBatch"] and tight["total"] <= budget

@@ -7,7 +7,8 @@ The estimate adds up, for the float32 CPU path strop runs:
 - weights: the sampler's copy and the trainer's copy of the base model (4 bytes per parameter each),
 - the sampler's KV cache for a full batch of rows (at most the engine's 64 rows at once),
 - training activations kept for the backward pass, for one micro-batch (the trainer packs at most 16,384
-  tokens per micro-batch), per token and layer as measured on this code (see ACTIVATION_FLOATS),
+  tokens per micro-batch, fewer when that would not fit: `plan_grpo_memory`), per token and layer as measured
+  on this code (see ACTIVATION_FLOATS),
 - a chunk of vocabulary logits, and the Python/torch runtime.
 Available memory is MemAvailable from /proc/meminfo, or `$STROP_MEMORY_LIMIT_MB` when set (to keep a run
 within a share of a machine, and for tests).
@@ -49,12 +50,12 @@ def model_shape(model_dir: str | Path) -> dict:
 
 
 def estimate_grpo_memory(model_dir: str | Path, *, batch_size: int, group_size: int, prompt_tokens: int,
-                         completion_tokens: int) -> dict:
+                         completion_tokens: int, micro_batch_tokens: int = MAX_TOKENS_PER_MICRO_BATCH) -> dict:
     """Estimated peak bytes of a GRPO run, in parts, with `total`."""
     shape = model_shape(model_dir)
     seq = prompt_tokens + completion_tokens
     rows = min(batch_size * group_size, MAX_SAMPLER_ROWS)
-    tokens = min(batch_size * group_size * seq, MAX_TOKENS_PER_MICRO_BATCH)
+    tokens = min(batch_size * group_size * seq, micro_batch_tokens)
     per_token_layer = (ACTIVATION_FLOATS[0] * shape["hidden"] + ACTIVATION_FLOATS[1] * shape["intermediate"]) * 4
     parts = {
         "weights": 2 * shape["parameters"] * 4,
@@ -80,6 +81,25 @@ def available_bytes() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def plan_grpo_memory(model_dir: str | Path, *, batch_size: int, group_size: int, prompt_tokens: int,
+                     completion_tokens: int, what: str = "this run") -> dict:
+    """The estimate at the largest micro-batch that fits (smaller micro-batches give the same gradients, only
+    more slowly): `tokensPerMicroBatch` is what the trainer should use. Refused (MemoryRefused) when even one
+    sequence per micro-batch would not fit."""
+    sizes = dict(batch_size=batch_size, group_size=group_size, prompt_tokens=prompt_tokens,
+                 completion_tokens=completion_tokens)
+    full = estimate_grpo_memory(model_dir, **sizes)
+    have = available_bytes()
+    if full["total"] <= have:
+        return full
+    per_token = full["activations"] / full["tokensPerMicroBatch"]
+    fit = int((have - (full["total"] - full["activations"])) / per_token)
+    if fit >= prompt_tokens + completion_tokens:
+        return estimate_grpo_memory(model_dir, **sizes, micro_batch_tokens=fit)
+    check_fits(estimate_grpo_memory(model_dir, **sizes, micro_batch_tokens=prompt_tokens + completion_tokens), what=what)
+    return full  # not reached: check_fits refused
 
 
 def check_fits(estimate: dict, *, what: str = "this run") -> None:

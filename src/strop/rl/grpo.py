@@ -82,15 +82,17 @@ def check_prompt_lengths(renderer, rows: list[Row], config: GRPOConfig) -> None:
                          "raise max_seq_length, lower max_completion_length or shorten the system prompt")
 
 
-def check_memory(renderer, rows: list[Row], config: GRPOConfig, model_dir, longest: int | None = None) -> None:
-    """Refuse, before anything runs, a run whose estimated peak memory is more than is available."""
-    from strop.engine.resources import check_fits, estimate_grpo_memory
+def check_memory(renderer, rows: list[Row], config: GRPOConfig, model_dir, longest: int | None = None) -> int:
+    """Refuse, before anything runs, a run whose estimated peak memory is more than is available; else the
+    trainer's micro-batch size in tokens that fits (smaller micro-batches, same gradients)."""
+    from strop.engine.resources import plan_grpo_memory
     if longest is None:
         longest = max(build_prompt(renderer, row, config).length for row in rows[:2000])
-    need = estimate_grpo_memory(model_dir, batch_size=config.batch_size, group_size=config.group_size,
-                                prompt_tokens=longest, completion_tokens=config.max_completion_length)
-    check_fits(need, what=f"GRPO on {config.base_model} ({config.batch_size} prompts x {config.group_size} samples x "
-                          f"<= {longest} + {config.max_completion_length} tokens)")
+    plan = plan_grpo_memory(model_dir, batch_size=config.batch_size, group_size=config.group_size,
+                            prompt_tokens=longest, completion_tokens=config.max_completion_length,
+                            what=f"GRPO on {config.base_model} ({config.batch_size} prompts x {config.group_size} "
+                                 f"samples x <= {longest} + {config.max_completion_length} tokens)")
+    return plan["tokensPerMicroBatch"]
 
 
 def step_batches(n_rows: int, config: GRPOConfig) -> list[list[int]]:
@@ -201,11 +203,12 @@ def _train(config: GRPOConfig, run_dir: Path, rows, pool, sandbox, *, service, p
         first = renderer.build_tool_prompt([{"role": "user", "content": rows[0].prompt}], pool.envs[0].tools()).length
         # a late turn reads every earlier reply and observation: budget each turn its reply plus an observation
         longest = first + (pool.envs[0].max_turns - 1) * (config.max_completion_length + 200)
-        check_memory(renderer, rows, config, resolve_model(config.base_model), longest=longest)
+        micro_batch = check_memory(renderer, rows, config, resolve_model(config.base_model), longest=longest)
     else:
         if config.max_seq_length:
             check_prompt_lengths(renderer, rows, config)
-        check_memory(renderer, rows, config, resolve_model(config.base_model))
+        micro_batch = check_memory(renderer, rows, config, resolve_model(config.base_model))
+    training.set_micro_batch_tokens(micro_batch)
     base_sampler = service.create_sampling_client(base_model=config.base_model) if config.kl_beta > 0 else None
     adam = types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
                             weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
