@@ -54,12 +54,63 @@ def test_multi_turn_grpo_in_finance_sql(tiny_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_a_few_smollm2_steps_in_finance_sql(smollm2_home, tmp_path):
-    config = GRPOConfig(base_model=str(smollm2_home), batch_size=2, group_size=4, max_steps=2, max_completion_length=64,
-                        environment={"name": "finance-sql", "options": {"seed": 0, "max_turns": 3}},
+    config = GRPOConfig(base_model=str(smollm2_home), batch_size=2, group_size=2, max_steps=2, max_completion_length=48,
+                        environment={"name": "finance-sql", "options": {"seed": 0, "max_turns": 2}},
                         learning_rate=1e-4, save_every=1)
     result = run_grpo(config, tmp_path / "run", progress=False)
     assert [m["step"] for m in result.metrics] == [0, 1]
     assert all(m["modelTurns"] >= 1 for m in result.metrics)
     rollouts = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
-    assert len(rollouts) == 2 * 2 * 4 and all(r["transcript"][0]["role"] == "user" for r in rollouts)
+    assert len(rollouts) == 2 * 2 * 2 and all(r["transcript"][0]["role"] == "user" for r in rollouts)
     assert (tmp_path / "run" / "final" / "adapter_model.safetensors").exists()
+
+
+def test_training_drives_a_remote_openenv_environment(tiny_model_dir, tmp_path):
+    from strop.envs.openenv_server import serve_env
+    server = serve_env("finance-sql", port=0, options={"seed": 2, "max_turns": 2}, block=False)
+    try:
+        config = GRPOConfig(base_model=str(tiny_model_dir), batch_size=1, group_size=2, max_steps=1,
+                            max_completion_length=8, environment={"name": server.url, "options": {}})
+        result = run_grpo(config, tmp_path / "run", progress=False)
+    finally:
+        server.stop()
+    row = result.metrics[0]
+    assert row["modelTurns"] >= 1 and "rubric/sqlErrors" in row  # the remote env's counters came back over the wire
+
+
+def test_envs_serve_as_a_user_starts_it(tmp_path):
+    import os
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "ENV_KEY": "sekret"}
+    proc = subprocess.Popen([sys.executable, "-m", "strop.cli.main", "envs", "serve", "finance-sql", "--port", str(port),
+                             "--api-key-env", "ENV_KEY"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
+                    assert reply.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, proc.stderr.read1().decode() if proc.poll() else "no answer"
+                time.sleep(0.3)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/schema", timeout=5)
+        assert refused.value.code == 401
+        from strop.envs.openenv_client import RemoteEnv
+        remote = RemoteEnv(f"http://127.0.0.1:{port}", api_key="sekret")
+        [task] = remote.tasks("eval-single", 1)
+        first = remote.reset(task)
+        assert "USD" in first.content or "%" in first.content or "ratio" in first.content.lower()
+        assert [t["function"]["name"] for t in remote.tools()] == ["list_tables", "describe_table", "run_sql",
+                                                                   "submit_answer"]
+        remote.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

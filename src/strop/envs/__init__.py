@@ -23,11 +23,14 @@ def list_envs() -> list[dict]:
 
 
 def get_env(name: str, **options) -> Environment:
-    """An environment by name with its options (e.g. seed), or a user's own as 'package.module:ClassName';
-    a clear error for an unknown name."""
+    """An environment by name with its options (e.g. seed), a user's own as 'package.module:ClassName', or a
+    remote OpenEnv environment by URL; a clear error for an unknown name."""
     import importlib
 
     from strop.errors import StropError
+    if name.startswith(("http://", "https://", "ws://", "wss://")):
+        from strop.envs.openenv_client import RemoteEnv  # any OpenEnv server, e.g. another `strop envs serve`
+        return RemoteEnv(name, **options)
     if ":" in name:
         module, _, cls = name.partition(":")
         try:
