@@ -89,6 +89,8 @@ def tensorboard_tags(run_id: str) -> str:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        with pytest.raises(OSError):  # stopping the command stopped TensorBoard: nothing is left serving
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
 
 
 # ---- registry -------------------------------------------------------------------------------------------

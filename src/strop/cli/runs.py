@@ -138,7 +138,7 @@ def _metrics(args) -> int:
 
 
 def _tensorboard(args) -> int:
-    import subprocess
+    import os
 
     from strop.control import runs
     runs.get(args.run)  # a clear error for an unknown run
@@ -147,5 +147,9 @@ def _tensorboard(args) -> int:
         emit(args, {"logdir": str(logdir)}, lambda r: r["logdir"])
         return 0
     note(f"TensorBoard on http://127.0.0.1:{args.port}/ (Ctrl-C stops it)")
-    return subprocess.call([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-                            "--port", str(args.port)])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # become TensorBoard rather than start it as a child: stopping this command (a signal, a killed
+    # terminal) then stops TensorBoard too, instead of leaving it serving in the background
+    os.execv(sys.executable, [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+                              "--host", "127.0.0.1", "--port", str(args.port)])
