@@ -67,7 +67,8 @@ def test_evaluate_an_endpoint(server, monkeypatch):
 
 
 def test_tools_go_in_and_tool_calls_come_out(server):
-    from strop.serve.server import hermes_turn, tool_reply
+    from strop.renderers.tools import hermes_turn
+    from strop.serve.server import tool_reply
     reply, finish = tool_reply('Let me look.<tool_call>{"name": "run_sql", "arguments": {"query": "SELECT 1"}}'
                                '</tool_call>', "stop")
     assert finish == "tool_calls" and reply["content"] == "Let me look."

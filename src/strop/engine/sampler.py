@@ -92,6 +92,7 @@ class SamplerEngine:
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self._grammars: dict[str, object] = {}
         self._grammar_compiler = None
+        self._bitmask = None  # reused for every masked row and token: one allocation per engine
 
     # ---- adapters -------------------------------------------------------------------------------------
     def activate(self, adapter: AdapterWeights | None) -> None:
@@ -222,10 +223,11 @@ class SamplerEngine:
 
     def _mask_to_grammar(self, logits_B_V: torch.Tensor, b: int, matcher) -> None:
         import xgrammar
-        bitmask = xgrammar.allocate_token_bitmask(1, self.model.config.vocab_size)
-        matcher.fill_next_token_bitmask(bitmask, 0)
+        if self._bitmask is None:
+            self._bitmask = xgrammar.allocate_token_bitmask(1, self.model.config.vocab_size)
+        matcher.fill_next_token_bitmask(self._bitmask, 0)
         row_V = logits_B_V[b:b + 1, :self.model.config.vocab_size]
-        xgrammar.apply_token_bitmask_inplace(row_V, bitmask)
+        xgrammar.apply_token_bitmask_inplace(row_V, self._bitmask)
 
     def _hit_stop_string(self, row: _Row) -> bool:
         if not row.stop_strings:

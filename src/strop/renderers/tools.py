@@ -76,3 +76,13 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
             continue
         calls.append(ToolCall(name=data["name"], arguments=arguments, id=f"call-{number}"))
     return calls, problems
+
+
+def hermes_turn(message: dict) -> dict:
+    """An OpenAI message as the model saw it: an assistant's tool_calls written back as <tool_call> blocks."""
+    calls = message.get("tool_calls") or []
+    if message.get("role") != "assistant" or not calls:
+        return {"role": message["role"], "content": message.get("content") or ""}
+    blocks = [f'<tool_call>{{"name": {json.dumps(c["function"]["name"])}, "arguments": '
+              f'{c["function"].get("arguments") or "{}"}}}</tool_call>' for c in calls]
+    return {"role": "assistant", "content": "\n".join(filter(None, [message.get("content") or "", *blocks]))}

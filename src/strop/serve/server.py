@@ -53,16 +53,6 @@ def tools_of(tools) -> list[dict] | None:
     return tools or None
 
 
-def hermes_turn(message: dict) -> dict:
-    """An OpenAI message as the model saw it: an assistant's tool_calls written back as <tool_call> blocks."""
-    calls = message.get("tool_calls") or []
-    if message.get("role") != "assistant" or not calls:
-        return {"role": message["role"], "content": message.get("content") or ""}
-    blocks = [f'<tool_call>{{"name": {json.dumps(c["function"]["name"])}, "arguments": '
-              f'{c["function"].get("arguments") or "{}"}}}</tool_call>' for c in calls]
-    return {"role": "assistant", "content": "\n".join(filter(None, [message.get("content") or "", *blocks]))}
-
-
 def tool_reply(text: str, finish: str) -> tuple[dict, str]:
     """A reply with <tool_call> blocks as OpenAI `tool_calls` (finish_reason tool_calls); other text stays content."""
     from strop.renderers.tools import parse_tool_calls
@@ -103,6 +93,7 @@ class ModelServer(ThreadingHTTPServer):
                                       top_p=float(body.get("top_p", 1.0)), seed=body.get("seed"), stop=stops,
                                       json_schema=schema_of(body.get("response_format")))
         if tools:
+            from strop.renderers.tools import hermes_turn
             prompt = self.renderer.build_tool_prompt([hermes_turn(m) for m in messages], tools)
         else:
             prompt = self.renderer.build_generation_prompt(messages)
