@@ -86,3 +86,24 @@ def test_tools_go_in_and_tool_calls_come_out(server):
     with pytest.raises(openai.BadRequestError, match="tools"):
         client.chat.completions.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": "q"}],
                                        tools=[{"type": "function"}])
+
+
+def test_closing_joins_connection_threads_even_for_an_idle_keep_alive_client(tiny_model_dir):
+    # a handler thread left freeing tensors while the interpreter exits aborts the process ("terminate called
+    # without an active exception"), so server_close must wait for every connection thread, idle ones included
+    import http.client
+    import time
+    srv = make_server(str(tiny_model_dir), port=0, name="tiny")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": "tiny", "max_tokens": 3,
+                                                                 "messages": [{"role": "user", "content": "Hi"}]}),
+                 headers={"Content-Type": "application/json"})
+    assert conn.getresponse().read() and len(srv._live) == 1  # the connection stays open, its thread waits
+    threads = list(srv._live)
+    srv.shutdown()
+    started = time.monotonic()
+    srv.server_close()
+    assert time.monotonic() - started < 5
+    assert not srv._live and not any(t.is_alive() for t in threads)
+    conn.close()

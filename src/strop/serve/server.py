@@ -15,6 +15,7 @@ request bodies over `max_body` bytes. Requests are served one generation at a ti
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -67,13 +68,45 @@ def tool_reply(text: str, finish: str) -> tuple[dict, str]:
 
 
 class ModelServer(ThreadingHTTPServer):
+    """One thread per connection. The threads are daemons, so an idle keep-alive client never holds the process
+    open, but `server_close` closes their connections and joins them: a handler thread still freeing tensors
+    while the interpreter shuts down aborts the whole process (torch re-takes the GIL in a C++ destructor)."""
+
     daemon_threads = True
+    close_wait = 60.0  # seconds server_close waits for a generation in flight before it leaves the thread be
 
     def __init__(self, address, sampler, renderer, model_name: str, api_key: str | None, max_body: int):
         super().__init__(address, _Handler)
         self.sampler, self.renderer, self.model_name = sampler, renderer, model_name
         self.api_key, self.max_body = api_key, max_body
         self.lock = threading.Lock()
+        self._live: dict[threading.Thread, socket.socket] = {}
+        self._live_lock = threading.Lock()
+
+    def process_request(self, request, client_address):
+        thread = threading.Thread(target=self._serve_connection, args=(request, client_address), daemon=True)
+        with self._live_lock:
+            self._live[thread] = request
+        thread.start()
+
+    def _serve_connection(self, request, client_address):
+        try:
+            self.process_request_thread(request, client_address)
+        finally:
+            with self._live_lock:
+                self._live.pop(threading.current_thread(), None)
+
+    def server_close(self):
+        super().server_close()
+        with self._live_lock:
+            live = list(self._live.items())
+        for _, request in live:
+            try:
+                request.shutdown(socket.SHUT_RDWR)  # wakes a thread waiting for the next keep-alive request
+            except OSError:
+                pass
+        for thread, _ in live:
+            thread.join(self.close_wait)
 
     def complete(self, body: dict) -> dict:
         from strop import types
