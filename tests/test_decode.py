@@ -1,0 +1,111 @@
+"""strop's own decode step for Llama-style models against HF's forward, and the sampler's token draws."""
+
+import math
+
+import pytest
+import torch
+
+from strop.engine.decode import LlamaDecoder
+from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine, _Row
+from strop.models import load_tokenizer
+from strop.types import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    fast = SamplerEngine(tiny_model_dir, tokenizer=tok)
+    plain = SamplerEngine(tiny_model_dir, tokenizer=tok, fast_decode=False)
+    assert fast._decoder is not None and plain._decoder is None
+    return fast, plain, tok
+
+
+def requests_of(tok):
+    # prompts of different lengths (left padding), shared prompts, greedy and sampled rows, different max_tokens
+    # so rows leave the batch at different steps
+    texts = ["What is 2 + 3?", "Compute the sum of seven and eleven, please.", "Hi"]
+    params = [SamplingParams(max_tokens=9, temperature=0, stop=[]), SamplingParams(max_tokens=14, seed=5, stop=[]),
+              SamplingParams(max_tokens=4, seed=9, top_p=0.9, top_k=20, stop=[])]
+    return [SampleRequest(prompt_tokens=tok.encode(t), num_samples=n, params=p)
+            for t, n, p in zip(texts, (2, 3, 2), params)]
+
+
+def run(engine, requests):
+    return [[(s.tokens, s.logprobs, s.stop_reason) for s in r.sequences] for r in engine.generate(requests)]
+
+
+def assert_same(a, b):
+    assert [[s[0] for s in r] for r in a] == [[s[0] for s in r] for r in b]
+    assert [[s[2] for s in r] for r in a] == [[s[2] for s in r] for r in b]
+    for ra, rb in zip(a, b):
+        for sa, sb in zip(ra, rb):
+            assert max((abs(x - y) for x, y in zip(sa[1], sb[1])), default=0.0) < 1e-4
+
+
+def test_fast_decode_gives_hf_forward_tokens_and_logprobs(engines):
+    fast, plain, tok = engines
+    got, want = run(fast, requests_of(tok)), run(plain, requests_of(tok))
+    assert_same(got, want)
+    assert [len(s[0]) for s in got[1]] == [14, 14, 14] and [len(s[0]) for s in got[2]] == [4, 4]
+
+
+def test_lora_merging_reaches_the_fused_weights(engines):
+    fast, plain, tok = engines
+    gen = torch.Generator().manual_seed(0)
+    deltas = {}
+    for name in ("model.layers.0.self_attn.k_proj", "model.layers.1.self_attn.v_proj", "model.layers.1.mlp.up_proj"):
+        out_f, in_f = fast._modules[name].weight.shape
+        deltas[name] = (torch.randn(2, in_f, generator=gen), torch.randn(out_f, 2, generator=gen))
+    adapter = AdapterWeights(deltas=deltas, scaling=0.5)
+    base = run(fast, requests_of(tok))
+    fast.activate(adapter)
+    plain.activate(adapter)
+    try:
+        tuned = run(fast, requests_of(tok))
+        assert_same(tuned, run(plain, requests_of(tok)))
+        assert [s[0] for r in tuned for s in r] != [s[0] for r in base for s in r]  # the adapter changed the samples
+    finally:
+        fast.activate(None)
+        plain.activate(None)
+    assert_same(run(fast, requests_of(tok)), base)
+
+
+def test_models_it_does_not_know_fall_back_to_hf(engines):
+    fast, _, _ = engines
+    config = fast.model.config
+    for key, value in (("attention_bias", True), ("model_type", "gpt2"), ("sliding_window", 128)):
+        old = getattr(config, key, None)
+        setattr(config, key, value)
+        try:
+            assert LlamaDecoder.for_model(fast.model) is None
+        finally:
+            setattr(config, key, old)
+    assert LlamaDecoder.for_model(fast.model) is not None
+
+
+def rows(n, seed=0, **params):
+    return [_Row(prompt_index=0, generator=torch.Generator().manual_seed(seed + i), params=SamplingParams(**params),
+                 max_tokens=1, stop_ids=frozenset(), stop_strings=()) for i in range(n)]
+
+
+def test_draws_follow_the_distribution_and_never_pick_excluded_tokens(engines):
+    fast, _, _ = engines
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0, 0.0])
+    logits = torch.log(probs).expand(4000, -1).clone()
+    tokens, logprobs = fast._pick(logits, rows(4000, temperature=1.0))
+    counts = torch.bincount(tokens, minlength=6).double()
+    assert counts[4] == counts[5] == 0
+    for k in range(4):  # within 4 standard deviations of the expected count
+        expected = 4000 * probs[k].item()
+        assert abs(counts[k] - expected) < 4 * math.sqrt(expected * (1 - probs[k].item())), (k, counts.tolist())
+    assert torch.allclose(logprobs, torch.log(probs)[tokens])  # the model's own logprobs of what was drawn
+    top2, _ = fast._pick(logits.clone(), rows(2000, temperature=1.0, top_k=2))
+    assert set(top2.tolist()) == {0, 1}
+    nucleus, _ = fast._pick(logits.clone(), rows(2000, temperature=1.0, top_p=0.7))
+    assert set(nucleus.tolist()) == {0, 1}  # 0.5 alone is short of 0.7; 0.5 + 0.3 reaches it
+    greedy, _ = fast._pick(logits[:3].clone(), rows(3, temperature=0.0))
+    assert greedy.tolist() == [0, 0, 0]
+    # a row's draw depends on its own generator only, not on the rows beside it
+    alone, _ = fast._pick(logits[:1].clone(), rows(1, seed=7, temperature=1.0))
+    mixed, _ = fast._pick(logits[:3].clone(), rows(1, seed=7, temperature=1.0) + rows(2, seed=100, temperature=0.5))
+    assert alone[0] == mixed[0]
