@@ -89,3 +89,16 @@ def test_kl_estimates():
     lp = torch.tensor([-1.5, -1.0])
     assert losses.kl_sample_train(old, lp).item() == pytest.approx(((-1 + 1.5) + (-2 + 1)) / 2)
     assert losses.kl_penalty(lp, torch.tensor([-1.0, -1.0])).tolist() == [-0.5, 0.0]
+
+
+def test_the_fused_vocabulary_head_gives_log_softmax_its_entropy_and_its_gradient():
+    from strop.engine.trainer import _TargetLogprob
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(40, 12, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(300, 12, dtype=torch.float64, generator=gen) * 3  # peaked distributions too
+    targets = torch.randint(0, 300, (40,), generator=gen)
+    lp, entropy = _TargetLogprob.apply(hidden, weight, targets)
+    ref = torch.log_softmax(hidden @ weight.t(), -1)
+    assert torch.allclose(lp, ref.gather(-1, targets[:, None])[:, 0])
+    assert torch.allclose(entropy, -(ref.exp() * ref).sum(-1)) and not entropy.requires_grad
+    assert torch.autograd.gradcheck(lambda h: _TargetLogprob.apply(h, weight, targets)[0], (hidden,))

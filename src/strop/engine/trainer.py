@@ -50,24 +50,60 @@ REQUIRED_INPUTS = {
 HEAD_CHUNK = 128  # positions per vocabulary projection: 128 x 49152 fp32 logits = 25 MB
 
 
-def _head_chunk(head, hidden_N_H, targets_N):
-    logits_N_V = head(hidden_N_H).float()
-    lse_N = torch.logsumexp(logits_N_V, dim=-1)
-    lp_N = logits_N_V.gather(-1, targets_N[:, None])[:, 0] - lse_N
-    with torch.no_grad():
-        entropy_N = lse_N - (torch.softmax(logits_N_V, -1) * logits_N_V).sum(-1)
-    return lp_N, entropy_N
+class _TargetLogprob(torch.autograd.Function):
+    """log p(target) and the entropy at N positions under a frozen vocabulary head, in as few passes over the
+    N x V logits as the maths allows.
+
+    Forward: one matmul, one max, one exp, one sum and one dot per row; only the hidden states and the
+    log-normaliser are kept. Backward recomputes the logits once and forms d lp / d logits = onehot - softmax
+    in place, then one matmul back to the hidden states. (Autograd over logsumexp and gather under activation
+    checkpointing took twice the passes and allocated a zeroed N x V gradient for the gather.)
+    The entropy carries no gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden_N_H, weight_V_H, targets_N):
+        logits_N_V = _at_least_fp32(hidden_N_H @ weight_V_H.t())
+        max_N = logits_N_V.amax(-1)
+        logits_N_V.sub_(max_N[:, None])  # shifted, in place
+        exp_N_V = logits_N_V.exp()
+        sum_N = exp_N_V.sum(-1)
+        log_sum_N = sum_N.log()
+        # H = log Z - E_p[logit]: shift-invariant, so the shifted logits serve
+        entropy_N = log_sum_N - torch.linalg.vecdot(exp_N_V, logits_N_V) / sum_N
+        lp_N = logits_N_V.gather(-1, targets_N[:, None])[:, 0] - log_sum_N
+        ctx.save_for_backward(hidden_N_H, weight_V_H, targets_N, max_N + log_sum_N)
+        ctx.mark_non_differentiable(entropy_N)
+        return lp_N, entropy_N
+
+    @staticmethod
+    def backward(ctx, grad_lp_N, _grad_entropy_N):
+        hidden_N_H, weight_V_H, targets_N, lse_N = ctx.saved_tensors
+        grad_N_V = _at_least_fp32(hidden_N_H @ weight_V_H.t())
+        grad_N_V.sub_(lse_N[:, None]).exp_().mul_(-grad_lp_N[:, None])  # -g * softmax
+        grad_N_V[torch.arange(len(targets_N)), targets_N] += grad_lp_N  # + g * onehot(target)
+        return (grad_N_V.to(hidden_N_H.dtype) @ weight_V_H), None, None
 
 
-def _head_logprobs(head, hidden_N_H, targets_N, checkpoint: bool = False):
-    """log p(target) and entropy for N positions, projecting onto the vocabulary HEAD_CHUNK at a time."""
-    from torch.utils.checkpoint import checkpoint as ckpt
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def _head_logprobs(head, hidden_N_H, targets_N):
+    """log p(target) and entropy for N positions, projecting onto the vocabulary HEAD_CHUNK at a time.
+
+    A head that is itself trained (no LoRA model does this) goes through plain autograd instead."""
     lps, ents = [], []
     for i in range(0, hidden_N_H.shape[0], HEAD_CHUNK):
         h, t = hidden_N_H[i:i + HEAD_CHUNK], targets_N[i:i + HEAD_CHUNK]
-        lp, ent = ckpt(_head_chunk, head, h, t, use_reentrant=False) if checkpoint else _head_chunk(head, h, t)
+        if head.weight.requires_grad and torch.is_grad_enabled():
+            logits_N_V = head(h).float()
+            lse_N = torch.logsumexp(logits_N_V, dim=-1)
+            lp = logits_N_V.gather(-1, t[:, None])[:, 0] - lse_N
+            ent = (lse_N - (torch.softmax(logits_N_V, -1) * logits_N_V).sum(-1)).detach()
+        else:
+            lp, ent = _TargetLogprob.apply(h, head.weight.detach(), t)
         lps.append(lp)
-        ents.append(ent.detach())
+        ents.append(ent)
     if not lps:
         return hidden_N_H.new_zeros(0), hidden_N_H.new_zeros(0)
     return torch.cat(lps), torch.cat(ents)
@@ -225,9 +261,9 @@ class LoraTrainer:
     def _target_logprobs(self, input_ids, mask, targets, active):
         """log p(target) and the entropy at every position, without ever holding B x T x V logits.
 
-        The transformer runs once; the vocabulary projection runs in chunks of HEAD_CHUNK positions, under
-        activation checkpointing for positions whose loss has a gradient (their logits are recomputed in
-        backward instead of kept) and without a graph for the rest (prompt tokens, padding)."""
+        The transformer runs once; the vocabulary projection runs in chunks of HEAD_CHUNK positions, keeping no
+        logits for backward (they are recomputed there, see _TargetLogprob) for positions whose loss has a
+        gradient, and without a graph for the rest (prompt tokens, padding)."""
         base = self.model.get_base_model()
         hidden_B_T_H = base.model(input_ids=input_ids, attention_mask=mask.long()).last_hidden_state
         lp_B_T = torch.zeros(mask.shape, dtype=torch.float32)
@@ -239,7 +275,7 @@ class LoraTrainer:
         lp_B_T = lp_B_T.index_put(rest_pos.nonzero(as_tuple=True), lp)
         entropy_B_T[rest_pos] = ent
         if grad_pos.any():
-            lp, ent = _head_logprobs(base.lm_head, hidden_B_T_H[grad_pos], targets[grad_pos], checkpoint=True)
+            lp, ent = _head_logprobs(base.lm_head, hidden_B_T_H[grad_pos], targets[grad_pos])
             lp_B_T = lp_B_T.index_put(grad_pos.nonzero(as_tuple=True), lp)
             entropy_B_T[grad_pos] = ent
         return lp_B_T, entropy_B_T
