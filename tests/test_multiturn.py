@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 import strop
@@ -101,3 +102,30 @@ def test_a_descriptor_run_in_an_environment(workspace, capsys, monkeypatch):  # 
     unknown = descriptor(workspace, **{"config.dataset": None, "config.environment": {"name": "no-such-env"}})
     code, _, err = run(capsys, "runs", "start", "-f", unknown, "--dry-run")
     assert code == 1 and "no environment 'no-such-env'" in err
+
+
+def test_kl_to_the_base_model_is_charged_per_turn_token(tiny_model_dir):
+    from strop.rl.multiturn import turn_kl
+    base = strop.ServiceClient().create_sampling_client(base_model=str(tiny_model_dir))
+    first = strop.types.ModelInput.from_ints([5, 6, 7])
+    second = first.append(strop.types.EncodedTextChunk(tokens=[8, 9, 30, 31]))  # the observation joins the prompt
+    turns = [Turn(prompt=first, tokens=[8, 9], logprobs=[-0.5, -0.25], text="", stop_reason="stop"),
+             Turn(prompt=first, tokens=[], logprobs=[], text="", stop_reason="length"),
+             Turn(prompt=second, tokens=[40], logprobs=[-1.0], text="", stop_reason="stop")]
+    episode = Episode(task=None, messages=[], turns=turns)
+    [kl] = turn_kl(base, [episode])
+    full = base.compute_logprobs_many([first.append(strop.types.EncodedTextChunk(tokens=[8, 9])),
+                                       second.append(strop.types.EncodedTextChunk(tokens=[40]))]).result()
+    assert kl[1] == [] and len(kl[0]) == 2 and len(kl[2]) == 1
+    assert kl[0] == pytest.approx([-0.5 - full[0][3], -0.25 - full[0][4]]) and kl[2] == pytest.approx([-1.0 - full[1][7]])
+    datums = episode_datums([episode], torch.tensor([0.5]), [kl], kl_beta=0.1)
+    assert len(datums) == 2  # the empty turn trains nothing
+    assert datums[0].loss_fn_inputs["advantages"].to_torch().tolist()[2:] == pytest.approx([0.5 - 0.1 * k for k in kl[0]])
+    assert datums[1].loss_fn_inputs["advantages"].to_torch().tolist()[-1] == pytest.approx(0.5 - 0.1 * kl[2][0])
+
+
+def test_an_environment_run_accepts_a_kl_penalty(tiny_model_dir, tmp_path):
+    config = GRPOConfig(base_model=str(tiny_model_dir), environment={"name": "toy_env:ToyEnv", "options": {"max_turns": 2}},
+                        batch_size=2, group_size=2, max_steps=1, max_completion_length=8, kl_beta=0.05, seed=0)
+    assert config.validate() == []
+    assert [m["step"] for m in run_grpo(config, tmp_path / "run", progress=False).metrics] == [0]

@@ -346,8 +346,6 @@ def cross_field_problems(data: Any) -> list[str]:
     if has_dataset and config.get("reward") is None:
         problems.append("$.config.reward: a run on a dataset needs reward terms, e.g. "
                         '{"terms": [{"kind": "rule", "weight": 1.0, "bundle": "builtin:gsm8k"}]}')
-    if has_env and isinstance(hp.get("klBeta"), (int, float)) and hp.get("klBeta"):
-        problems.append("$.config.rlHyperparams.klBeta: a KL penalty is not supported with an environment yet; set 0")
     terms = child(child(config, "reward", dict), "terms", list)
     first_use: dict[str, int] = {}
     for i, term in enumerate(terms):

@@ -119,8 +119,6 @@ class GRPOConfig:
             if not isinstance(env, dict) or not isinstance(env.get("name"), str) \
                     or not isinstance(env.get("options", {}), dict) or set(env) - {"name", "options", "split"}:
                 p.append(f"environment: must be {{'name': ..., 'options': {{...}}, 'split': 'train'}}, got {env!r}")
-            if self.kl_beta:
-                p.append("kl_beta: a KL penalty is not supported with an environment yet; set it to 0")
         if not isinstance(self.reward_terms, list) or not self.reward_terms:
             p.append("reward_terms: give at least one term, e.g. [{'name': 'correct', 'weight': 1.0, 'grader': 'builtin:gsm8k'}]")
         return p

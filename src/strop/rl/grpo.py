@@ -231,7 +231,7 @@ def _train(config: GRPOConfig, run_dir: Path, rows, pool, sandbox, *, service, p
             batch = [rows[i] for i in batches[step]]
             if pool is not None:
                 from strop.rl.multiturn import train_env_step
-                row_ = train_env_step(step, batch, config, training, renderer, pool, adam, log, epoch)
+                row_ = train_env_step(step, batch, config, training, renderer, pool, adam, log, epoch, base_sampler)
             else:
                 row_ = _train_step(step, batch, config, training, renderer, terms, weights, base_sampler, adam, log,
                                    epoch)

@@ -116,21 +116,36 @@ def _act(episode: Episode, env, text: str) -> str:
     return observation
 
 
-def episode_datums(episodes: list[Episode], advantages_G: torch.Tensor) -> list[types.Datum]:
-    """One datum per turn: the prompt masked, the sampled tokens trained with the episode's advantage."""
+def turn_kl(base_sampler, episodes: list[Episode]) -> list[list[list[float]]]:
+    """Per episode, per turn, per sampled token: log p_sampler - log p_base (the model with the adapter off),
+    scored over each turn's own prompt, which holds the observations so far."""
+    turns = [t for e in episodes for t in e.turns if t.tokens]
+    base_lps = base_sampler.compute_logprobs_many(
+        [t.prompt.append(types.EncodedTextChunk(tokens=t.tokens)) for t in turns]).result() if turns else []
+    by_turn = iter([[lp - b for lp, b in zip(t.logprobs, base[t.prompt.length:])] for t, base in zip(turns, base_lps)])
+    return [[next(by_turn) if t.tokens else [] for t in e.turns] for e in episodes]
+
+
+def episode_datums(episodes: list[Episode], advantages_G: torch.Tensor, kl_G: list[list[list[float]]] | None = None,
+                   kl_beta: float = 0.0) -> list[types.Datum]:
+    """One datum per turn: the prompt masked, the sampled tokens trained with the episode's advantage (less
+    beta x each token's KL to the base model, when `kl_G` is given)."""
     datums = []
-    for episode, advantage in zip(episodes, advantages_G.tolist()):
-        for turn in episode.turns:
+    for g, (episode, advantage) in enumerate(zip(episodes, advantages_G.tolist())):
+        for i, turn in enumerate(episode.turns):
             if not turn.tokens:
                 continue
             ob_len = turn.prompt.length - 1
             toks = turn.tokens
+            adv_T = [advantage] * len(toks)
+            if kl_G is not None:
+                adv_T = [a - kl_beta * k for a, k in zip(adv_T, kl_G[g][i])]
             datums.append(types.Datum(
                 model_input=turn.prompt.append(types.EncodedTextChunk(tokens=toks[:-1])),
                 loss_fn_inputs={
                     "target_tokens": types.TensorData.from_torch(torch.tensor([0] * ob_len + toks)),
                     "logprobs": types.TensorData.from_torch(torch.tensor([0.0] * ob_len + turn.logprobs)),
-                    "advantages": types.TensorData.from_torch(torch.tensor([0.0] * ob_len + [advantage] * len(toks))),
+                    "advantages": types.TensorData.from_torch(torch.tensor([0.0] * ob_len + adv_T)),
                 }))
     return datums
 
@@ -162,8 +177,10 @@ class EnvPool:
             env.close()
 
 
-def train_env_step(step: int, tasks: list[Task], config, training, renderer, pool: EnvPool, adam, log, epoch) -> dict:
-    """One GRPO step over tool-use episodes; the metrics row (with the behaviour rubrics as weight-0 metrics)."""
+def train_env_step(step: int, tasks: list[Task], config, training, renderer, pool: EnvPool, adam, log, epoch,
+                   base_sampler=None) -> dict:
+    """One GRPO step over tool-use episodes; the metrics row (with the behaviour rubrics as weight-0 metrics).
+    With `base_sampler` (klBeta > 0), each trained token's advantage pays beta x its KL to the base model."""
     import statistics
     import time
 
@@ -176,7 +193,7 @@ def train_env_step(step: int, tasks: list[Task], config, training, renderer, poo
                           max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
                           seed=config.seed * 1_009 + step, system_prompt=config.system_prompt)
     sample_seconds = time.perf_counter() - t0
-    datums, zero_var, rollouts = [], 0, []
+    datums, zero_var, rollouts, kl_values = [], 0, [], []
     for g_index, episodes in enumerate(groups):
         rewards_G = torch.tensor([e.reward for e in episodes])
         advantages_G = group_advantages(rewards_G, scale_by_std=config.scale_by_std)
@@ -187,7 +204,10 @@ def train_env_step(step: int, tasks: list[Task], config, training, renderer, poo
         if is_zero_variance(rewards_G):
             zero_var += 1
             continue
-        datums.extend(episode_datums(episodes, advantages_G))
+        kl_G = turn_kl(base_sampler, episodes) if base_sampler is not None else None
+        if kl_G is not None:
+            kl_values.extend(v for episode in kl_G for turn in episode for v in turn)
+        datums.extend(episode_datums(episodes, advantages_G, kl_G, config.kl_beta))
     fb_metrics, optim_metrics, train_seconds = apply_update(training, datums, config, adam)
     episodes = [e for group in groups for e in group]
     turns = [t for e in episodes for t in e.turns]
@@ -207,5 +227,7 @@ def train_env_step(step: int, tasks: list[Task], config, training, renderer, poo
         "datums": len(datums), **update_metrics(fb_metrics, optim_metrics, config),
         **rubric_metrics([e.state for e in episodes]),
     }
+    if kl_values:
+        row["klBase"] = statistics.fmean(kl_values)
     log.write_rollouts(rollouts)
     return row
