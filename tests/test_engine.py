@@ -241,3 +241,65 @@ def test_json_schema_holds_a_random_model_to_valid_json(training):
 def test_a_schema_that_is_not_one_is_refused(training):
     with pytest.raises(StropError, match="json_schema"):
         types.SamplingParams(json_schema=["not", "a", "schema"])
+
+
+def grpo_like_datums(prompts, group: int, seed: int = 0):
+    """A GRPO group's layout: the prompt untrained (advantage 0), then completion tokens with the advantage."""
+    import random
+    rng = random.Random(seed)
+    datums = []
+    for prompt in prompts:
+        for _ in range(group):
+            toks = prompt + [rng.randrange(100, 400) for _ in range(rng.randrange(3, 10))]
+            n, p = len(toks) - 1, len(prompt)
+            datums.append(types.Datum(model_input=types.ModelInput.from_ints(toks[:-1]), loss_fn_inputs={
+                "target_tokens": types.TensorData.from_torch(torch.tensor([0] * (p - 1) + toks[p:])),
+                "logprobs": types.TensorData.from_torch(torch.full((n,), -3.0)),
+                "advantages": types.TensorData.from_torch(torch.tensor([0.0] * (p - 1) + [rng.choice([-0.5, 0.5])] * (n - p + 1)))}))
+    return datums
+
+
+def test_shared_prompts_run_once_with_the_same_logprobs_and_gradients(tiny_model_dir, monkeypatch):
+    import strop.engine.trainer as trainer_module
+    prompts = [list(range(10 + 3 * i, 22 + 5 * i)) for i in range(3)]
+    datums = grpo_like_datums(prompts, group=3) + grpo_like_datums([[5] * 9], group=1, seed=1)
+    shared_runs = []
+    original = trainer_module._prefix_shared_hidden
+    monkeypatch.setattr(trainer_module, "_prefix_shared_hidden", lambda *a: shared_runs.append(1) or original(*a))
+    results = {}
+    for min_prefix in (8, 10**9):  # 10**9: never share
+        monkeypatch.setattr(trainer_module, "MIN_SHARED_PREFIX", min_prefix)
+        trainer = trainer_module.LoraTrainer(tiny_model_dir, rank=4, seed=0)
+        with torch.no_grad():  # lora_B starts at zero; make it not, so lora_A gets gradients as well
+            gen = torch.Generator().manual_seed(1)
+            for name, p in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        out = trainer.forward_backward(datums, "importance_sampling")
+        results[min_prefix] = (out, {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+    assert shared_runs == [1]  # the first configuration took the shared path, the second did not
+    (shared, g_shared), (plain, g_plain) = results[8], results[10**9]
+    assert shared.metrics["loss:sum"] == pytest.approx(plain.metrics["loss:sum"], rel=1e-5)
+    for a, b in zip(shared.loss_fn_outputs, plain.loss_fn_outputs):
+        assert torch.allclose(a["logprobs"].to_torch(), b["logprobs"].to_torch(), atol=1e-5)
+    assert g_shared.keys() == g_plain.keys() and len(g_plain) > 0
+    for name in g_plain:
+        assert torch.allclose(g_shared[name], g_plain[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_prefixes_are_shared_only_when_worth_it():
+    from strop.engine.trainer import shared_prefixes
+
+    def plan(rows, first_active):
+        width = max(len(r) for r in rows)
+        ids, mask, active = (torch.zeros((len(rows), width), dtype=dt) for dt in (torch.long, torch.bool, torch.bool))
+        for b, (row, f) in enumerate(zip(rows, first_active)):
+            ids[b, :len(row)] = torch.tensor(row)
+            mask[b, :len(row)] = True
+            active[b, f:len(row)] = True
+        return shared_prefixes(ids, mask, active)
+    prompt = list(range(1, 13))
+    assert plan([prompt + [50, 51], prompt + [60]], [12, 12]) == ([12, 12], [0, 0], [0])
+    assert plan([prompt + [50], [9] + prompt[1:] + [60]], [12, 12]) is None  # nothing in common
+    assert plan([prompt[:5] + [50], prompt[:5] + [60]], [5, 5]) is None  # too short to pay for a second pass
+    assert plan([prompt, prompt], [20, 20]) == ([11, 11], [0, 0], [0])  # untrained rows keep one position

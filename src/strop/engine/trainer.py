@@ -109,6 +109,77 @@ def _head_logprobs(head, hidden_N_H, targets_N):
     return torch.cat(lps), torch.cat(ents)
 
 
+MIN_SHARED_PREFIX = 8  # tokens; below this, a second forward pass costs more than the prefix it saves
+
+
+def shared_prefixes(input_ids_B_T, mask_B_T, active_B_T):
+    """Rows that begin with the same untrained prefix (a GRPO group's prompt): (prefix length per row, index of
+    its distinct prefix per row, the distinct prefixes' row of origin), or None when no prefix is shared.
+
+    A row's prefix is everything before its first trained position, so nothing in it needs a gradient of its
+    own; it still passes gradients on to the later positions through its keys and values."""
+    lengths = []
+    for b in range(input_ids_B_T.shape[0]):
+        hits = active_B_T[b].nonzero()
+        first = int(hits[0]) if len(hits) else int(mask_B_T[b].sum())
+        lengths.append(max(0, min(first, int(mask_B_T[b].sum()) - 1)))  # leave each row one position of its own
+    keys, owner_of, prefix_of = {}, [], []
+    for b, n in enumerate(lengths):
+        key = tuple(input_ids_B_T[b, :n].tolist())
+        if key not in keys:
+            keys[key] = len(owner_of)
+            owner_of.append(b)
+        prefix_of.append(keys[key])
+    shared = [n for b, n in enumerate(lengths) if prefix_of.count(prefix_of[b]) > 1]
+    if not shared or min(shared) < MIN_SHARED_PREFIX or len(owner_of) == len(lengths):
+        return None
+    return lengths, prefix_of, owner_of
+
+
+def _prefix_shared_hidden(inner, input_ids_B_T, mask_B_T, lengths, prefix_of, owner_of):
+    """The transformer's last hidden states [B, T, H], running each distinct prefix once and each row's rest
+    on top of its prefix's keys and values (repeated to the rows, so gradients from every row reach them)."""
+    from transformers.cache_utils import DynamicCache
+    B, T = input_ids_B_T.shape
+    U, P = len(owner_of), max(lengths[b] for b in owner_of)
+    prefix_ids = torch.zeros((U, P), dtype=torch.long)
+    prefix_mask = torch.zeros((U, P), dtype=torch.long)
+    for u, b in enumerate(owner_of):
+        prefix_ids[u, :lengths[b]] = input_ids_B_T[b, :lengths[b]]
+        prefix_mask[u, :lengths[b]] = 1
+    cache = DynamicCache()
+    prefix_hidden = inner(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True,
+                          **{_cache_kw(inner): cache}).last_hidden_state
+    cache.batch_select_indices(torch.tensor(prefix_of))
+    rest = [int(mask_B_T[b].sum()) - lengths[b] for b in range(B)]
+    S = max(rest)
+    rest_ids = torch.zeros((B, S), dtype=torch.long)
+    rest_mask = torch.zeros((B, P + S), dtype=torch.long)
+    positions = torch.zeros((B, S), dtype=torch.long)
+    for b in range(B):
+        n, r = lengths[b], rest[b]
+        rest_ids[b, :r] = input_ids_B_T[b, n:n + r]
+        rest_mask[b, :n] = 1  # this row's prefix slots (the rest of the P are another prefix's padding)
+        rest_mask[b, P:P + r] = 1
+        positions[b] = torch.arange(n, n + S)
+    rest_hidden = inner(input_ids=rest_ids, attention_mask=rest_mask, position_ids=positions, use_cache=True,
+                        **{_cache_kw(inner): cache}).last_hidden_state
+    # row b, position t: its prefix's hidden state for t < lengths[b], else its own rest's
+    H = prefix_hidden.shape[-1]
+    flat = torch.cat([prefix_hidden.reshape(U * P, H), rest_hidden.reshape(B * S, H)])
+    index = torch.zeros((B, T), dtype=torch.long)
+    for b in range(B):
+        n, r = lengths[b], rest[b]
+        index[b, :n] = prefix_of[b] * P + torch.arange(n)
+        index[b, n:n + r] = U * P + b * S + torch.arange(r)
+    return flat[index]
+
+
+def _cache_kw(inner) -> str:
+    import inspect
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+
 def atomic_dir(final: Path):
     """A temporary sibling folder to write into; `commit(tmp)` renames it over `final` in one step."""
     final = Path(final)
@@ -265,7 +336,11 @@ class LoraTrainer:
         logits for backward (they are recomputed there, see _TargetLogprob) for positions whose loss has a
         gradient, and without a graph for the rest (prompt tokens, padding)."""
         base = self.model.get_base_model()
-        hidden_B_T_H = base.model(input_ids=input_ids, attention_mask=mask.long()).last_hidden_state
+        plan = shared_prefixes(input_ids, mask, active)
+        if plan is None:
+            hidden_B_T_H = base.model(input_ids=input_ids, attention_mask=mask.long()).last_hidden_state
+        else:
+            hidden_B_T_H = _prefix_shared_hidden(base.model, input_ids, mask, *plan)
         lp_B_T = torch.zeros(mask.shape, dtype=torch.float32)
         entropy_B_T = torch.zeros(mask.shape, dtype=torch.float32)
         grad_pos = active & mask if torch.is_grad_enabled() else torch.zeros_like(mask)
