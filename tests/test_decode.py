@@ -49,6 +49,13 @@ def test_fast_decode_gives_hf_forward_tokens_and_logprobs(engines):
     assert [len(s[0]) for s in got[1]] == [14, 14, 14] and [len(s[0]) for s in got[2]] == [4, 4]
 
 
+def test_buffers_grow_as_rows_lengthen(engines, monkeypatch):
+    from strop.engine.decode import DecodeState
+    monkeypatch.setattr(DecodeState, "GROW", 3)  # 14 new tokens: the buffers grow several times
+    fast, plain, tok = engines
+    assert_same(run(fast, requests_of(tok)), run(plain, requests_of(tok)))
+
+
 def test_lora_merging_reaches_the_fused_weights(engines):
     fast, plain, tok = engines
     gen = torch.Generator().manual_seed(0)

@@ -8,7 +8,7 @@ modules and weights and runs the step itself:
 
 - q, k and v are one matmul, and so are gate and up: their weights are made views into one fused buffer, so
   LoRA merging (which writes the modules' weights) updates the fused matmul with no copy;
-- keys and values go into buffers sized for the whole generation, written in place;
+- keys and values are written in place into buffers that grow GROW positions at a time (not a copy per step);
 - attention groups query heads by key/value head (no repeat), masked for the left padding;
 - RMSNorm, the activation and the rotary embedding are the model's own modules, so the numbers match HF's
   up to float summation order.
@@ -85,11 +85,13 @@ class LlamaDecoder:
 class DecodeState:
     """The rows being generated: their keys and values in buffers of the final length, and which slots are real."""
 
+    GROW = 128  # positions added to the buffers at a time: rows that stop early never pay for max_new
+
     def __init__(self, decoder: LlamaDecoder, cache, mask_B_T: torch.Tensor, max_new: int):
         self.d = decoder
         B, T = mask_B_T.shape
-        self.length = T
-        capacity = T + max_new
+        self.length, self.limit = T, T + max_new
+        capacity = min(self.limit, T + self.GROW)
         self.valid_B_L = torch.zeros((B, capacity), dtype=torch.bool)
         self.valid_B_L[:, :T] = mask_B_T.bool()
         self.keys, self.values = [], []
@@ -101,6 +103,18 @@ class DecodeState:
             self.keys.append(k)
             self.values.append(v)
 
+    def _grow(self) -> None:
+        old = self.valid_B_L.shape[1]
+        if old >= self.limit:
+            raise RuntimeError(f"decode buffers hold {old} positions; start() was given too small a max_new")
+        new = min(self.limit, old + max(self.GROW, old // 2))
+        self.valid_B_L = torch.cat([self.valid_B_L, self.valid_B_L.new_zeros((self.valid_B_L.shape[0], new - old))], 1)
+        for buffers in (self.keys, self.values):
+            for i, buf in enumerate(buffers):
+                grown = buf.new_empty((*buf.shape[:2], new, buf.shape[3]))
+                grown[:, :, :self.length] = buf[:, :, :self.length]
+                buffers[i] = grown
+
     def select(self, keep_B: torch.Tensor) -> None:
         self.valid_B_L = self.valid_B_L[keep_B]
         self.keys = [k[keep_B] for k in self.keys]
@@ -111,7 +125,7 @@ class DecodeState:
         d = self.d
         B, t = tokens_B.shape[0], self.length
         if t >= self.valid_B_L.shape[1]:
-            raise RuntimeError(f"decode buffers hold {t} positions; start() was given too small a max_new")
+            self._grow()
         self.valid_B_L[:, t] = True
         n = t + 1
         groups = d.heads // d.kv_heads

@@ -13,6 +13,9 @@ computed once per distinct prompt and repeated). Each row draws from its own see
 request gives the same tokens whatever else is in the batch. Logprobs are the model's own (temperature 1,
 no top-k/top-p truncation): what the trainer computes for the same tokens, which makes them usable as the
 behaviour policy for importance sampling when sampling at temperature 1.
+
+Llama-style models (SmolLM2, Llama, Mistral) decode through `strop.engine.decode` (fused projections, KV buffers
+grown in place as rows lengthen); others through HF's forward, which gives the same tokens, only slower.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@
 
 Datums are packed into micro-batches of at most `max_tokens_per_batch` tokens, so a big batch never
 materialises all its B x T x V logits at once; the losses are sums, so gradients add up across micro-batches
-exactly as one big batch would give.
+exactly as one big batch would give. Rows of a micro-batch that begin with the same untrained prefix (a GRPO
+group's prompt) run that prefix once (`shared_prefixes`); the vocabulary head never keeps N x V logits for
+backward (`_TargetLogprob`).
 """
 
 from __future__ import annotations
