@@ -24,7 +24,11 @@ class EvalBar:
             self.close()
             self.phase = progress["phase"]
             desc = f"{self.label} {self.phase}".strip()
-            self.bar = tqdm(total=progress["total"], desc=desc, unit="item", file=sys.stderr, dynamic_ncols=True)
+            # progress is polled, so it arrives in jumps: rate = items seen done since the bar began / its time
+            # (tqdm's default smoothing turned the first jump into "745654 item/s"); work done before then is
+            # the bar's initial count and does not enter the rate
+            self.bar = tqdm(total=progress["total"], desc=desc, unit="item", file=sys.stderr, dynamic_ncols=True,
+                            initial=progress["done"], smoothing=0)
         self.bar.update(progress["done"] - self.bar.n)
         if "correct" in progress and progress["done"]:
             self.bar.set_postfix(accuracy=f"{progress['correct'] / progress['done']:.1%}")
@@ -49,7 +53,7 @@ class RunBar:
     def __init__(self, run_id: str, steps: int):
         from tqdm import tqdm
         self.run_id = run_id
-        self.bar = tqdm(total=steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+        self.bar = tqdm(total=steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True, smoothing=0)
 
     def update(self, info: dict) -> None:
         from strop.control import runs
