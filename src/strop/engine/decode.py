@@ -3,8 +3,8 @@
 HF's forward pays, at every generated token, for things a sampler does not need: the KV cache grows by
 concatenation (every layer's keys and values copied each step), the attention mask is rebuilt, K and V are
 repeated to the query heads, and every projection is its own small matmul. On a CPU whose decode is
-compute-bound at small batch, those add up to a third of the step. `LlamaDecoder` keeps the model's own
-modules and weights and runs the step itself:
+compute-bound at small batch, everything outside the matmuls was 28% of the step. `LlamaDecoder` keeps the
+model's own modules and weights and runs the step itself:
 
 - q, k and v are one matmul, and so are gate and up: their weights are made views into one fused buffer, so
   LoRA merging (which writes the modules' weights) updates the fused matmul with no copy;
@@ -73,7 +73,7 @@ class LlamaDecoder:
 
     def prefill(self, input_ids_B_T, mask_B_T, positions_B_T, cache, cache_kw: str) -> torch.Tensor:
         """Run the prompts through HF's forward into `cache`; return the last position's logits [B, V] (float32).
-        (HF's own head, given logits_to_keep=1, multiplies a strided slice as a batched matmul: 10x slower.)"""
+        (HF's own head, given logits_to_keep=1, multiplies a strided slice as a batched matmul: ~5x slower here.)"""
         hidden = self.model.model(input_ids=input_ids_B_T, attention_mask=mask_B_T, position_ids=positions_B_T,
                                   use_cache=True, **{cache_kw: cache}).last_hidden_state
         return _linear(hidden[:, -1], self.head.weight).float()
@@ -155,14 +155,16 @@ class DecodeState:
             x = layer["norm2"](h_B_1_H)[:, 0]
             gate_up = _linear(x, layer["gate_up"])
             inter = layer["intermediate"]
-            h_B_1_H = h_B_1_H + _linear(layer["act"](gate_up[:, :inter]) * gate_up[:, inter:], layer["down"].weight)[:, None]
+            mlp = layer["act"](gate_up[:, :inter]) * gate_up[:, inter:]
+            h_B_1_H = h_B_1_H + _linear(mlp, layer["down"].weight)[:, None]
         self.length = n
         return _linear(d.norm(h_B_1_H)[:, 0], d.head.weight).float()
 
 
 def _linear(x_B_I: torch.Tensor, weight_O_I: torch.Tensor) -> torch.Tensor:
     """x @ W^T computed as (W @ x^T)^T: with few rows, BLAS streams the big weight as its left operand and packs
-    only the small x, which runs 5-25% faster here than F.linear on the same shapes (benchmarks/sampler.py)."""
+    only the small x: in a micro-benchmark of these shapes with the weights streamed from memory (8-32 rows,
+    this machine's MKL), 5-25% faster than F.linear, except a few shapes at 8 rows."""
     return torch.mm(weight_O_I, x_B_I.t()).t().contiguous()
 
 

@@ -88,6 +88,11 @@ def _truncate(scores_V: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return scores_V
 
 
+def cache_keyword(model) -> str:
+    """The forward keyword for a KV cache: transformers 5 renamed past_key_values to cache."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def row_seed(seed: int, index: int) -> int:
     # spread (seed, index) pairs apart so request seed 1 sample 0 differs from seed 0 sample 1
     return (seed * 1_000_003 + index * 7_919 + 17) % (2**63 - 1)
@@ -102,7 +107,7 @@ class SamplerEngine:
         # Llama-style models decode through strop's own step (see engine.decode); others through HF's forward
         self._decoder = LlamaDecoder.for_model(self.model) if fast_decode else None
         # transformers 5 renamed past_key_values to cache; speak whichever this version understands
-        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self._cache_kw = cache_keyword(self.model)
         self.tokenizer = tokenizer
         self.dtype = dtype
         self.max_batch = max_batch
@@ -289,7 +294,9 @@ class SamplerEngine:
             temps_S = torch.tensor([rows[b].params.temperature for b in sampled], dtype=logits_B_V.dtype)
             scores_S_V = logits_B_V[sampled] / temps_S[:, None]
             for s, b in enumerate(sampled):
-                scores_S_V[s] = _truncate(scores_S_V[s], rows[b].params)
+                p = rows[b].params
+                if p.top_k > 0 or p.top_p < 1.0:  # most rows ask for neither: no per-row copy for them
+                    scores_S_V[s] = _truncate(scores_S_V[s], p)
             probs_S_V = torch.softmax(scores_S_V, dim=-1)
             u_S = torch.cat([torch.rand(1, generator=rows[b].generator, dtype=torch.float64) for b in sampled])
             cdf_S_V = probs_S_V.double().cumsum(-1)

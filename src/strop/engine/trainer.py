@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from strop.engine.sampler import AdapterWeights
+from strop.engine.sampler import AdapterWeights, cache_keyword
 from strop.errors import StropError
 from strop.rl import losses
 from strop.engine.malloc import keep_freed_memory
@@ -132,7 +133,8 @@ def shared_prefixes(input_ids_B_T, mask_B_T, active_B_T):
             keys[key] = len(owner_of)
             owner_of.append(b)
         prefix_of.append(keys[key])
-    shared = [n for b, n in enumerate(lengths) if prefix_of.count(prefix_of[b]) > 1]
+    rows_per_prefix = Counter(prefix_of)
+    shared = [n for b, n in enumerate(lengths) if rows_per_prefix[prefix_of[b]] > 1]
     if not shared or min(shared) < MIN_SHARED_PREFIX or len(owner_of) == len(lengths):
         return None
     return lengths, prefix_of, owner_of
@@ -149,9 +151,9 @@ def _prefix_shared_hidden(inner, input_ids_B_T, mask_B_T, lengths, prefix_of, ow
     for u, b in enumerate(owner_of):
         prefix_ids[u, :lengths[b]] = input_ids_B_T[b, :lengths[b]]
         prefix_mask[u, :lengths[b]] = 1
-    cache = DynamicCache()
+    cache, cache_kw = DynamicCache(), cache_keyword(inner)
     prefix_hidden = inner(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True,
-                          **{_cache_kw(inner): cache}).last_hidden_state
+                          **{cache_kw: cache}).last_hidden_state
     cache.batch_select_indices(torch.tensor(prefix_of))
     rest = [int(mask_B_T[b].sum()) - lengths[b] for b in range(B)]
     S = max(rest)
@@ -165,7 +167,7 @@ def _prefix_shared_hidden(inner, input_ids_B_T, mask_B_T, lengths, prefix_of, ow
         rest_mask[b, P:P + r] = 1
         positions[b] = torch.arange(n, n + S)
     rest_hidden = inner(input_ids=rest_ids, attention_mask=rest_mask, position_ids=positions, use_cache=True,
-                        **{_cache_kw(inner): cache}).last_hidden_state
+                        **{cache_kw: cache}).last_hidden_state
     # row b, position t: its prefix's hidden state for t < lengths[b], else its own rest's
     H = prefix_hidden.shape[-1]
     flat = torch.cat([prefix_hidden.reshape(U * P, H), rest_hidden.reshape(B * S, H)])
@@ -175,11 +177,6 @@ def _prefix_shared_hidden(inner, input_ids_B_T, mask_B_T, lengths, prefix_of, ow
         index[b, :n] = prefix_of[b] * P + torch.arange(n)
         index[b, n:n + r] = U * P + b * S + torch.arange(r)
     return flat[index]
-
-
-def _cache_kw(inner) -> str:
-    import inspect
-    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
 
 def atomic_dir(final: Path):
