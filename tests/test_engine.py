@@ -263,9 +263,16 @@ def test_shared_prompts_run_once_with_the_same_logprobs_and_gradients(tiny_model
     import strop.engine.trainer as trainer_module
     prompts = [list(range(10 + 3 * i, 22 + 5 * i)) for i in range(3)]
     datums = grpo_like_datums(prompts, group=3) + grpo_like_datums([[5] * 9], group=1, seed=1)
-    shared_runs = []
+    # one row's prompt targets differ from its group's: its prompt positions are scored, not copied
+    odd = datums[1].loss_fn_inputs["target_tokens"].to_torch().clone()
+    odd[0] = 7
+    datums[1].loss_fn_inputs["target_tokens"] = types.TensorData.from_torch(odd)
+    shared_runs, copied = [], []
     original = trainer_module._prefix_shared_hidden
     monkeypatch.setattr(trainer_module, "_prefix_shared_hidden", lambda *a: shared_runs.append(1) or original(*a))
+    original_copies = trainer_module._repeated_prefix_rows
+    monkeypatch.setattr(trainer_module, "_repeated_prefix_rows",
+                        lambda *a: copied.append([b for b, _, _ in original_copies(*a)]) or copied[-1] and original_copies(*a))
     results = {}
     for min_prefix in (8, 10**9):  # 10**9: never share
         monkeypatch.setattr(trainer_module, "MIN_SHARED_PREFIX", min_prefix)
@@ -278,6 +285,8 @@ def test_shared_prompts_run_once_with_the_same_logprobs_and_gradients(tiny_model
         out = trainer.forward_backward(datums, "importance_sampling")
         results[min_prefix] = (out, {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
     assert shared_runs == [1]  # the first configuration took the shared path, the second did not
+    # every group member but the three owners and the row whose prompt targets differ reuses its owner's
+    assert len(copied[0]) == 9 - 3 - 1
     (shared, g_shared), (plain, g_plain) = results[8], results[10**9]
     assert shared.metrics["loss:sum"] == pytest.approx(plain.metrics["loss:sum"], rel=1e-5)
     for a, b in zip(shared.loss_fn_outputs, plain.loss_fn_outputs):
