@@ -24,6 +24,30 @@ def test_the_default_rubric_is_seed_000s():
     schema = verdict_schema(RUBRIC)
     assert schema["required"] == ["answer_correctness", "reasoning_quality", "reasoning"]
     assert schema["properties"]["reasoning_quality"] == {"type": "integer", "minimum": 0, "maximum": 5}
+    assert schema["properties"]["reasoning"]["minLength"] == 1  # a verdict gives its reason
+
+
+def test_a_verdict_without_a_reason_is_a_bad_verdict():
+    for reply in ('{"answer_correctness": 5, "reasoning_quality": 4, "reasoning": ""}',
+                  '{"answer_correctness": 5, "reasoning_quality": 4, "reasoning": "   "}',
+                  '{"answer_correctness": 5, "reasoning_quality": 4}',
+                  '{"answer_correctness": 5, "reasoning_quality": 4, "reasoning": 3}'):
+        with pytest.raises(ValueError, match="reasoning is missing or empty"):
+            parse_verdict(reply, RUBRIC)
+    good = '{"answer_correctness": 1, "reasoning_quality": 1, "reasoning": "The answer is wrong."}'
+    srv = scripted(['{"answer_correctness": 5, "reasoning_quality": 5, "reasoning": ""}', good])
+    try:
+        [verdict] = Judge(f"openai:j@http://127.0.0.1:{srv.server_port}/v1", retries=1, concurrency=1).judge_many(ITEMS[:1])
+        assert verdict.attempts == 2 and verdict.reasoning == "The answer is wrong."  # asked again, not scored
+    finally:
+        srv.shutdown()
+    srv = scripted(['{"answer_correctness": 5, "reasoning_quality": 5, "reasoning": ""}'])
+    try:
+        [verdict] = Judge(f"openai:j@http://127.0.0.1:{srv.server_port}/v1", retries=1, concurrency=1).judge_many(ITEMS[:1])
+        assert verdict.scores is None and "reasoning is missing or empty" in verdict.error  # a failure, counted
+        assert summarize_verdicts([verdict], RUBRIC)["failures"] == 1
+    finally:
+        srv.shutdown()
 
 
 def test_verdicts_are_parsed_or_refused_with_the_reason():
@@ -82,7 +106,7 @@ def test_judge_through_strop_serve_with_the_real_client(served):
     # a random model writes only valid verdicts because the server holds it to the schema
     assert [v.error for v in verdicts] == [None] * 3
     for v in verdicts:
-        assert set(v.scores) == {"answer_correctness", "reasoning_quality"}
+        assert set(v.scores) == {"answer_correctness", "reasoning_quality"} and v.reasoning
         assert all(0 <= s <= 5 for s in v.scores.values()) and v.attempts == 1
     assert judge.schema_enforced
 
@@ -93,6 +117,7 @@ def test_local_judge_decodes_under_the_grammar(tiny_model_dir):
     verdicts = judge.judge_many(ITEMS)
     assert all(v.error is None for v in verdicts), [v.error for v in verdicts]
     assert all(1 <= v.scores["tidy"] <= 3 and 0 <= v.scores["answer_correctness"] <= 5 for v in verdicts)
+    assert all(v.reasoning for v in verdicts)  # the grammar cannot write an empty reason
 
 
 class _Scripted(BaseHTTPRequestHandler):

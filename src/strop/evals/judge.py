@@ -119,13 +119,16 @@ def metrics_from(specs) -> list[JudgeMetric]:
     return metrics
 
 
-# Local decoding bounds the reasoning sentence (plain characters, no escapes) so a verdict always ends in time.
-REASONING_PATTERN = r'[^"\\\x00-\x1f]{0,240}'
+# Local decoding bounds the reasoning sentence (plain characters, no escapes) so a verdict always ends in time,
+# and makes it start with a visible character, so a grammar-held model cannot give an empty or blank one.
+REASONING_MAX = 240
+REASONING_PATTERN = r'[^"\\\x00-\x20][^"\\\x00-\x1f]{0,239}'
 
 
 def verdict_schema(metrics: list[JudgeMetric], *, bounded: bool = False) -> dict:
     properties = {m.name: {"type": "integer", "minimum": m.low, "maximum": m.high} for m in metrics}
-    properties["reasoning"] = {"type": "string", "pattern": REASONING_PATTERN} if bounded else {"type": "string"}
+    properties["reasoning"] = ({"type": "string", "pattern": REASONING_PATTERN} if bounded
+                               else {"type": "string", "minLength": 1, "maxLength": REASONING_MAX})
     return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
 
@@ -161,7 +164,10 @@ def parse_verdict(text: str, metrics: list[JudgeMetric]) -> tuple[dict[str, int]
         if not m.low <= value <= m.high:
             raise ValueError(f"{m.name} = {value} is outside {m.low}-{m.high}")
         scores[m.name] = value
-    return scores, str(data.get("reasoning", ""))
+    reasoning = data.get("reasoning")
+    if not isinstance(reasoning, str) or not reasoning.strip():
+        raise ValueError(f"reasoning is missing or empty: {reasoning!r}; the verdict needs a one-sentence reason")
+    return scores, reasoning.strip()
 
 
 class Judge:
@@ -170,15 +176,15 @@ class Judge:
     CHUNK = 32  # items per round of asking: one batch for a local model, `concurrency` at a time for an endpoint
 
     def __init__(self, model: str, metrics=None, *, retries: int = 2, max_tokens: int = 200, concurrency: int = 4,
-                 api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, local_model: str | None = None,
-                 adapter: str | None = None):
+                 api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, max_retries: int = 3,
+                 local_model: str | None = None, adapter: str | None = None):
         if retries < 0:
             raise JudgeError(f"judge retries must be >= 0, got {retries}")
         self.model, self.metrics, self.retries = model, metrics_from(metrics), retries
         self.max_tokens, self.concurrency = max_tokens, concurrency
         self.schema = verdict_schema(self.metrics)
         self.schema_enforced = True
-        self._api_key_env, self._timeout = api_key_env, timeout
+        self._api_key_env, self._timeout, self._max_retries = api_key_env, timeout, max_retries
         self._local = (local_model or _default_local()) if model == "local" else model
         self._adapter = adapter
 
@@ -234,7 +240,7 @@ class Judge:
     def _ask_endpoint(self, items, attempt):
         from strop.evals.openai_client import client_for, parse_openai_ref
         ref = parse_openai_ref(self.model)
-        client = client_for(ref, api_key_env=self._api_key_env, timeout=self._timeout)
+        client = client_for(ref, api_key_env=self._api_key_env, timeout=self._timeout, max_retries=self._max_retries)
         response_format = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": self.schema,
                                                                    "strict": True}}
 
