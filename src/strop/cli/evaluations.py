@@ -31,6 +31,12 @@ def register(nouns) -> None:
     start.add_argument("--api-key-env", help="environment variable holding the API key of openai:NAME@URL endpoints "
                                              "(model and judge; default: OPENAI_API_KEY)")
     start.add_argument("--judge-retries", type=int, help="ask again this many times after a bad verdict (default: 2)")
+    start.add_argument("--concurrency", type=int, help="requests in flight at once to openai:NAME@URL endpoints "
+                                                       "(model and judge; default: 4)")
+    start.add_argument("--max-retries", type=int, help="retries, with exponential backoff, of a failed endpoint "
+                                                       "request (default: 3)")
+    start.add_argument("--timeout", type=float, metavar="SECONDS", dest="request_timeout",
+                       help="seconds each endpoint request may take (default: 120)")
     add_output_flags(start)
     start.set_defaults(handler=_start)
 
@@ -64,6 +70,9 @@ def _show(r: dict) -> str:
     if "n" in s:
         lines.append(f"n: {s['n']}  mean score: {s['meanScore']:.4f}  accuracy: {s['accuracy']:.1%}  "
                      f"parse failures: {s['parseFailures']}  grader errors: {s['graderErrors']}")
+        if s.get("requestErrors"):
+            lines.append(f"request errors: {s['requestErrors']} of {s['n']} requests failed and count as wrong; "
+                         "the first: " + (s.get("requestErrorExamples") or ["?"])[0])
         lines.extend(f"{k}: {v:.1%}" for k, v in s.items() if k.startswith("pass@"))
     judge = s.get("judge")
     if judge:
@@ -83,7 +92,9 @@ def _start(args) -> int:
     kwargs = config.start_kwargs()
     for key, value in (("dataset", args.dataset), ("grader", args.grader), ("samples", args.samples),
                        ("max_tokens", args.max_tokens), ("limit", args.limit), ("judge", args.judge),
-                       ("judge_retries", args.judge_retries), ("api_key_env", args.api_key_env)):
+                       ("judge_retries", args.judge_retries), ("api_key_env", args.api_key_env),
+                       ("concurrency", args.concurrency), ("max_retries", args.max_retries),
+                       ("request_timeout", args.request_timeout)):
         if value is not None:
             kwargs[key] = value
     model = args.model or config.model

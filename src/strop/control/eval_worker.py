@@ -8,6 +8,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from strop.errors import StropError
 from strop.store import artifacts, open_store, session_scope
 from strop.store.schema import DatasetVersion, Evaluation, EvaluationItem, utcnow
 
@@ -32,8 +33,8 @@ def progress_writer(path: Path):
     return report
 
 
-def judge_items(settings: dict | None, items, api_key_env: str | None = None,
-                on_progress=None) -> tuple[list, dict | None]:
+def judge_items(settings: dict | None, items, api_key_env: str | None = None, on_progress=None,
+                endpoint: dict | None = None) -> tuple[list, dict | None]:
     """The judge's verdict on each item (None each when no judge was asked for) and their summary."""
     if not settings:
         return [None] * len(items), None
@@ -42,10 +43,27 @@ def judge_items(settings: dict | None, items, api_key_env: str | None = None,
     target = resolve_judge(settings["model"])
     judge = Judge(target.get("openai") or target["basePath"], settings.get("metrics") or None,
                   retries=settings.get("retries", 2), adapter=target.get("adapter"),
-                  api_key_env=api_key_env or "OPENAI_API_KEY")
+                  api_key_env=api_key_env or "OPENAI_API_KEY", **_client_settings(endpoint))
     verdicts = judge.judge_many([JudgeInput(i.question, i.gold, i.response) for i in items], on_progress=on_progress)
     summary = summarize_verdicts(verdicts, judge.metrics, exact=[i.correct for i in items])
     return verdicts, {**summary, "model": settings["model"], "schemaEnforced": judge.schema_enforced}
+
+
+def _client_settings(endpoint: dict | None) -> dict:
+    """The stored endpoint settings as keyword arguments (older evaluations stored none: the defaults)."""
+    endpoint = endpoint or {}
+    names = {"concurrency": "concurrency", "maxRetries": "max_retries", "timeout": "timeout"}
+    return {name: endpoint[key] for key, name in names.items() if endpoint.get(key) is not None}
+
+
+def all_requests_failed(model_ref: str, items) -> StropError | None:
+    """An endpoint that answered nothing is a failed evaluation, not one scoring 0%."""
+    failed = [i.error for i in items if i.error and i.error.startswith("request failed")]
+    if not items or len(failed) < len(items):
+        return None
+    first = failed[0].rstrip(".")
+    return StropError(f"every request to {model_ref} failed ({len(failed)} of {len(items)}); the first: {first}. "
+                      "Check that the endpoint is up and the URL, model name and API key are right")
 
 
 def main(evaluation_id: str) -> int:
@@ -70,12 +88,17 @@ def main(evaluation_id: str) -> int:
         if model.get("openai"):
             from strop.evals.openai_client import evaluate_openai
             result = evaluate_openai(model["openai"], rows, grader, max_tokens=max_tokens, on_progress=generated,
-                                     api_key_env=summary.get("apiKeyEnv") or "OPENAI_API_KEY")
+                                     api_key_env=summary.get("apiKeyEnv") or "OPENAI_API_KEY",
+                                     **_client_settings(summary.get("endpoint")))
+            failure = all_requests_failed(model_ref, result.items)
+            if failure is not None:
+                raise failure
         else:
             result = evaluate_local(model["basePath"], rows, grader, adapter=model["adapter"], samples=samples,
                                     max_tokens=max_tokens, progress=False, on_progress=generated)
         verdicts, judged = judge_items(summary.get("judgeSettings"), result.items, summary.get("apiKeyEnv"),
-                                       on_progress=lambda done, total: report("judge", done, total))
+                                       on_progress=lambda done, total: report("judge", done, total),
+                                       endpoint=summary.get("endpoint"))
         with session_scope(open_store()) as s:
             for item, verdict in zip(result.items, verdicts):
                 s.add(EvaluationItem(evaluation_id=evaluation_id, item_index=item.index, sample=0, question=item.question,
@@ -91,7 +114,8 @@ def main(evaluation_id: str) -> int:
         with session_scope(open_store()) as s:
             evaluation = s.get(Evaluation, evaluation_id)
             evaluation.status, evaluation.finished_at = "failed", utcnow()
-            evaluation.error = f"{type(exc).__name__}: {exc}"[:4000]
+            reason = str(exc) if isinstance(exc, StropError) else f"{type(exc).__name__}: {exc}"
+            evaluation.error = reason[:4000]
         return 1
 
 

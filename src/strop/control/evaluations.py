@@ -56,14 +56,15 @@ def resolve_judge(ref: str) -> dict:
 
 def start(model: str, dataset: str, grader: str = "builtin:gsm8k", *, samples: int = 1, max_tokens: int = 256,
           limit: int | None = None, fields: dict | None = None, judge: str | None = None, judge_metrics=None,
-          judge_retries: int = 2, api_key_env: str = "OPENAI_API_KEY", run_id: str | None = None,
-          run_step: int | None = None) -> dict:
+          judge_retries: int = 2, api_key_env: str = "OPENAI_API_KEY", concurrency: int = 4, max_retries: int = 3,
+          request_timeout: float = 120.0, run_id: str | None = None, run_step: int | None = None) -> dict:
     """Admit and start an evaluation; `run_id`/`run_step` tie it to the run that asked for it.
 
     `limit` evaluates the first N items; `fields` maps question/answer to the dataset's columns; `judge`
     ('openai:NAME@URL', 'local' or a model id) scores each response on `judge_metrics` (default: seed 000's
     rubric) after exact grading. Endpoints read their API key from the variable `api_key_env` (only its name
-    is stored).
+    is stored), send `concurrency` requests at a time, retry a failed request `max_retries` times with
+    backoff, and give each request `request_timeout` seconds.
     """
     if not api_key_env or not api_key_env.replace("_", "").isalnum():
         raise EvaluationError(f"--api-key-env must name an environment variable, e.g. OPENAI_API_KEY; got {api_key_env!r}")
@@ -73,6 +74,12 @@ def start(model: str, dataset: str, grader: str = "builtin:gsm8k", *, samples: i
         raise EvaluationError(f"--max-tokens must be at least 1, got {max_tokens}")
     if limit is not None and limit < 1:
         raise EvaluationError(f"--limit must be at least 1, got {limit}")
+    if concurrency < 1:
+        raise EvaluationError(f"--concurrency must be at least 1, got {concurrency}")
+    if max_retries < 0:
+        raise EvaluationError(f"--max-retries must be 0 or more, got {max_retries}")
+    if not request_timeout > 0:
+        raise EvaluationError(f"--timeout must be more than 0 seconds, got {request_timeout}")
     if samples > 1 and model.startswith("openai:"):
         raise EvaluationError("--samples > 1 (pass@k) is for local models; an endpoint is evaluated greedily once")
     if not dataset:
@@ -94,7 +101,9 @@ def start(model: str, dataset: str, grader: str = "builtin:gsm8k", *, samples: i
                                 grader_ref=grader, samples=samples, status="pending", run_id=run_id, run_step=run_step,
                                 summary={"maxTokens": max_tokens, "dataset": version["ref"], "limit": limit,
                                          "fields": fields, "judgeSettings": judge_settings,
-                                         "apiKeyEnv": api_key_env})
+                                         "apiKeyEnv": api_key_env,
+                                         "endpoint": {"concurrency": concurrency, "maxRetries": max_retries,
+                                                      "timeout": request_timeout}})
         s.add(evaluation)
         s.flush()
         evaluation_id = evaluation.id
@@ -117,10 +126,11 @@ def _load(s, evaluation_id: str) -> Evaluation:
 
 def _dict(e: Evaluation) -> dict:
     summary = dict(e.summary or {})
-    settings = {key: summary.pop(key, None) for key in ("limit", "fields", "judgeSettings", "apiKeyEnv")}
+    settings = {key: summary.pop(key, None) for key in ("limit", "fields", "judgeSettings", "apiKeyEnv", "endpoint")}
     return {"evaluationId": e.id, "model": e.model_ref, "modelId": e.model_id, "dataset": summary.pop("dataset", None),
             "grader": e.grader_ref, "samples": e.samples, "status": e.status, "limit": settings["limit"],
             "judge": (settings["judgeSettings"] or {}).get("model"), "runId": e.run_id, "runStep": e.run_step,
+            "endpoint": settings["endpoint"],
             "summary": summary, "error": e.error,
             "createdAt": e.created_at.isoformat(), "finishedAt": e.finished_at and e.finished_at.isoformat()}
 

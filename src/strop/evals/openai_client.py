@@ -26,11 +26,30 @@ class OpenAIRef:
 
 
 def parse_openai_ref(ref: str) -> OpenAIRef:
+    """NAME and base URL of `openai:NAME@URL`; a URL that no client could reach is refused here, not per request."""
+    from urllib.parse import urlsplit
+
+    def refuse(problem: str) -> StropError:
+        return StropError(f"model {ref!r}: {problem}; an endpoint is written openai:NAME@URL, e.g. "
+                          "openai:llama3.3-70b@http://127.0.0.1:8000/v1")
+
     body = ref[len("openai:"):] if ref.startswith("openai:") else ""
     name, at, url = body.partition("@")
-    if not name or not at or not url.startswith(("http://", "https://")):
-        raise StropError(f"model {ref!r}: an endpoint is written openai:NAME@URL, e.g. "
-                         "openai:llama3.3-70b@http://127.0.0.1:8000/v1")
+    if not name or not at or not url:
+        raise refuse("no model name or no URL")
+    if any(c.isspace() for c in url):
+        raise refuse(f"the URL {url!r} has a space in it")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise refuse(f"the URL {url!r} must start with http:// or https://")
+    if not parts.hostname:
+        raise refuse(f"the URL {url!r} names no host")
+    try:
+        port = parts.port
+    except ValueError:  # urllib refuses a port that is not a number or is above 65535
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise refuse(f"the URL {url!r} has a bad port (a number from 1 to 65535)")
     return OpenAIRef(model=name, base_url=url.rstrip("/"))
 
 
@@ -93,5 +112,7 @@ def _evaluate(client, ref, rows, grader, *, max_tokens, temperature, system_prom
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         items = list(pool.map(counted, enumerate(rows)))
-    return EvalResult(items=items, summary={**summarize(items), "requestErrors": sum(
-        1 for i in items if i.error and i.error.startswith("request failed"))})
+    failed = [i.error for i in items if i.error and i.error.startswith("request failed")]
+    # items keep no error column in the store, so the summary carries a few reasons for people to read
+    return EvalResult(items=items, summary={**summarize(items), "requestErrors": len(failed),
+                                            "requestErrorExamples": list(dict.fromkeys(failed))[:3]})
