@@ -114,3 +114,11 @@ def test_every_command_has_help_with_an_example():
                if "example" not in parser.format_help() and path != ["train"]]
     assert not missing, f"commands whose --help shows no example: {missing}"
     assert "examples:" in build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+
+
+def test_descriptions_show_percent_signs_once(capsys):
+    for command in ("compare", "quickstart"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "95% interval" in text and "%%" not in text

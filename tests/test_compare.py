@@ -3,6 +3,7 @@
 
 import json
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import sqlalchemy as sa
@@ -69,8 +70,9 @@ def test_result_tables_overwrite_and_append(tmp_path):
     with engine.begin() as conn:
         conn.execute(sa.text("DROP TABLE strop_eval_comparison"))
         conn.execute(sa.text("CREATE TABLE strop_eval_comparison (something TEXT)"))
-    with pytest.raises(ResultsError, match="append needs strop's layout"):
-        write_tables(c, url=url, mode="append")
+    for mode in ("append", "replace"):
+        with pytest.raises(ResultsError, match="append and replace need strop's layout"):
+            write_tables(c, url=url, mode=mode)
     with pytest.raises(ResultsError, match="--mode"):
         write_tables(c, url=url, mode="replace")
     with pytest.raises(ResultsError, match="could not write results"):
@@ -158,6 +160,95 @@ def test_judged_evaluations_compared_into_tables_and_a_report(home, tmp_path, ca
         assert code == 1 and "openai:NAME@URL" in err
         code, _, err = run(capsys, "compare", evals[0], "eval-nope")
         assert code == 1 and "no evaluation" in err
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_replace_swaps_only_this_comparisons_rows(tmp_path):
+    side = {"label": "a", "model": "m0"}
+    first = compare(items([True, False]), items([True, True]), a={**side, "evaluationId": "e1"},
+                    b={**side, "evaluationId": "e2"})
+    second = compare(items([False, False, True]), items([True, True, True]), a={**side, "evaluationId": "e3"},
+                     b={**side, "evaluationId": "e4"})
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    write_tables(first, url=url, mode="append")
+    write_tables(second, url=url, mode="replace")
+    write_tables(second, url=url, mode="replace")  # run again: its rows are swapped, not doubled
+    with sa.create_engine(url).connect() as conn:
+        counts = dict(conn.execute(sa.text("SELECT comparison_id, count(*) FROM strop_eval_comparison "
+                                           "GROUP BY comparison_id")).all())
+    assert counts == {first["comparisonId"]: 2, second["comparisonId"]: 3}
+
+
+class _Endpoint(BaseHTTPRequestHandler):
+    """Answers every question right, except that model `flaky` gets a 400 for the first question."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        question = body["messages"][-1]["content"]
+        if body["model"] == "flaky" and question.startswith("What is 0 "):
+            status, payload = 400, {"error": {"message": "this one is refused", "type": "invalid_request_error"}}
+        else:
+            answer = int(question.split()[2]) + 1
+            status, payload = 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                                    "choices": [{"index": 0, "finish_reason": "stop",
+                                                 "message": {"role": "assistant", "content": f"#### {answer}"}}],
+                                    "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}}
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_failed_requests_fail_or_flag_an_evaluation_and_strop_report_writes_files(home, tmp_path, capsys):  # noqa: F811
+    from test_evals import closed_port
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        run(capsys, "registry", "datasets", "register", "arith/eval", "-f", rows_file(tmp_path / "eval.jsonl", 4))
+        # nothing listens: the evaluation fails with the first error, instead of "succeeding" at 0%
+        code, out, err = run(capsys, "evaluations", "start", "--model", f"openai:big@http://127.0.0.1:{closed_port()}/v1",
+                             "--dataset", "arith/eval", "--max-retries", "0", "--timeout", "5", "--concurrency", "2",
+                             "--jq", ".evaluationId")
+        assert code == 0, err
+        dead = out.strip()
+        code, out, _ = run(capsys, "evaluations", "wait", dead, "--exit-status", "--timeout", "120")
+        assert code == 1 and "every request to openai:big@" in out and "(4 of 4)" in out and "Connect" in out
+        info = json.loads(run(capsys, "evaluations", "get", dead, "-o", "json")[1])
+        assert info["endpoint"] == {"concurrency": 2, "maxRetries": 0, "timeout": 5.0}  # stored with it
+
+        evals = []
+        for model in ("flaky", "steady"):
+            code, out, err = run(capsys, "evaluations", "start", "--model", f"openai:{model}@{url}", "--dataset",
+                                 "arith/eval", "--max-retries", "0", "--jq", ".evaluationId")
+            assert code == 0, err
+            evals.append(out.strip())
+            assert run(capsys, "evaluations", "wait", evals[-1], "--exit-status", "--timeout", "120")[0] == 0
+        code, out, _ = run(capsys, "evaluations", "get", evals[0])
+        assert "request errors: 1 of 4 requests failed and count as wrong" in out and "this one is refused" in out
+        assert "request errors" not in run(capsys, "evaluations", "report", evals[1])[1]
+        code, out, err = run(capsys, "compare", *evals, "--no-tables")
+        assert code == 0 and "warning: request errors: flaky 1, steady 0 of 4; failed requests count as wrong" in out
+        assert "warning: failed requests, each counted as wrong: flaky 1 of 4, steady 0 of 4" in err
+
+        # strop report as a user runs it: a bad run leaves no folder; a comparison gives the files
+        code, _, err = run(capsys, "report", "--run", "run-nope", "--out", tmp_path / "nope")
+        assert code == 1 and "no run 'run-nope'" in err and not (tmp_path / "nope").exists()
+        code, out, err = run(capsys, "report", "--compare", *evals, "--labels", "flaky,steady", "--out",
+                             tmp_path / "report", "-o", "json")
+        assert code == 0, err
+        files = json.loads(out)
+        assert set(files) == {"dashboard", "comparison", "html"} and "training" not in files
+        assert all((tmp_path / "report" / name).stat().st_size > 1000 for name in ("report.html", "dashboard.png"))
+        code, _, err = run(capsys, "report", "--out", tmp_path / "report")
+        assert code == 1 and "--compare EVAL_A EVAL_B, --run RUN" in err
     finally:
         server.shutdown()
         server.server_close()

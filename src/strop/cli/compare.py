@@ -11,7 +11,7 @@ def register(nouns) -> None:
     compare = nouns.add_parser(
         "compare", help="compare two evaluations of the same items: accuracy, CI, McNemar, judge, tables",
         description="Compare two finished evaluations on the same items (A: the baseline, B: the candidate): "
-                    "accuracy of each, the delta with its paired-bootstrap 95%% interval, the exact McNemar p-value "
+                    "accuracy of each, the delta with its paired-bootstrap 95% interval, the exact McNemar p-value "
                     "with the discordant counts, judge means and deltas, win/tie/loss by combined judge score. "
                     "Writes the tables strop_eval_comparison and strop_judge_scores (to the strop store unless "
                     "--results-url names another database).",
@@ -21,8 +21,9 @@ def register(nouns) -> None:
     compare.add_argument("eval_b", metavar="EVAL_B", help="the candidate evaluation")
     compare.add_argument("--labels", metavar="A,B", help="names for the two models in tables and charts")
     compare.add_argument("--results-url", help="SQLAlchemy URL for the result tables (default: the strop store)")
-    compare.add_argument("--mode", choices=("overwrite", "append"), default="overwrite",
-                         help="replace the tables, or add this comparison's rows (default: %(default)s)")
+    compare.add_argument("--mode", choices=("overwrite", "append", "replace"), default="overwrite",
+                         help="overwrite: replace the tables; append: add this comparison's rows; replace: swap "
+                              "only this comparison's earlier rows for new ones (default: %(default)s)")
     compare.add_argument("--no-tables", action="store_true", help="print the comparison only; write no tables")
     compare.add_argument("--report", metavar="DIR", help="also write the dashboard PNG and the HTML report here")
     compare.add_argument("--run", help="the run that made B, for training curves in the report")
@@ -60,6 +61,10 @@ def _compare(args) -> int:
     from strop.evals.compare import compare_evaluations, comparison_table
     comparison = compare_evaluations(args.eval_a, args.eval_b, labels=_labels(args.labels))
     result = {key: value for key, value in comparison.items() if key != "items"}
+    errors = {comparison[side]["label"]: comparison[side].get("requestErrors") or 0 for side in ("a", "b")}
+    if any(errors.values()):
+        note("warning: failed requests, each counted as wrong: "
+             + ", ".join(f"{label} {n} of {comparison['n']}" for label, n in errors.items()))
     if not args.no_tables:
         result["tables"] = save_tables(comparison, url=args.results_url, mode=args.mode)
         note(f"tables: {', '.join(result['tables']['tables'])} at {result['tables']['url']} ({args.mode})")

@@ -7,7 +7,8 @@ Steps: select the base model; register the train and eval data as datasets of a 
 evaluate the baseline (an `openai:NAME@URL` endpoint, else the untuned base model); fine-tune with GRPO + LoRA
 as a background run; evaluate the tuned model on the same items; judge both; compare (accuracy, paired
 bootstrap interval, exact McNemar, judge means, win/tie/loss); write the result tables and the report.
-`quickstart.json` in the output folder lists everything made, for `strop cleanup`.
+`quickstart.json` in the output folder lists everything made (store records, and each file and folder
+written under --out), for `strop cleanup`; a user's own files in --out are never touched.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class QuickstartOptions:
     steps: int = 16
     eval_n: int = 100
     baseline: str | None = None         # openai:NAME@URL; None: the untuned base model
-    judge: str | None = "local"         # openai:NAME@URL | local | a model id | None (no judge)
+    judge: str | None = "local"         # openai:NAME@URL | local (the untuned base model) | a model id | None
     out: str = "quickstart-out"
     results_url: str | None = None
     group_size: int = 8
@@ -42,62 +43,105 @@ class QuickstartOptions:
     learning_rate: float = 1e-4
     lora_rank: int = 32
     seed: int = 0
+    concurrency: int = 4                # for openai:NAME@URL baselines and judges
+    max_retries: int = 3
+    request_timeout: float = 120.0
+
+
+# What quickstart writes under --out (besides quickstart.json); an existing one is never overwritten.
+OWN_FILES = ("data/train.jsonl", "data/eval.jsonl", "run.json", "report/report.html", "report/dashboard.png",
+             "report/training.png", "report/comparison.json")
 
 
 def _say(message: str) -> None:
     print(f"[quickstart] {message}", file=sys.stderr, flush=True)
 
 
+def judge_model(o: QuickstartOptions) -> str | None:
+    """The judge the evaluations get: `local` is the quickstart's own base model, untuned."""
+    return o.base_model if o.judge == "local" else o.judge
+
+
 def _check(o: QuickstartOptions) -> None:
+    """Every flag checked before anything is made; all the problems named at once."""
+    from strop.evals.openai_client import parse_openai_ref
     problems = []
-    for name in ("steps", "eval_n", "group_size", "batch_size", "max_tokens", "lora_rank"):
+    for name in ("steps", "eval_n", "group_size", "batch_size", "max_tokens", "lora_rank", "concurrency"):
         if getattr(o, name) < (2 if name == "group_size" else 1):
             problems.append(f"--{name.replace('_', '-')} must be at least {2 if name == 'group_size' else 1}, "
                             f"got {getattr(o, name)}")
+    if o.max_retries < 0:
+        problems.append(f"--max-retries must be 0 or more, got {o.max_retries}")
+    if not o.request_timeout > 0:
+        problems.append(f"--timeout must be more than 0 seconds, got {o.request_timeout}")
     if not 0 < o.learning_rate < 1:
         problems.append(f"--learning-rate must be between 0 and 1, got {o.learning_rate}")
-    if o.baseline is not None:
-        from strop.evals.openai_client import parse_openai_ref
+    for flag, ref in (("--baseline", o.baseline), ("--judge", o.judge)):
+        if ref is not None and (flag == "--baseline" or ref.startswith("openai:")):
+            try:
+                parse_openai_ref(ref)
+            except StropError as exc:
+                problems.append(f"{flag}: {exc}")
+    if o.judge is not None and o.judge.startswith("model-"):
+        from strop.control import models
         try:
-            parse_openai_ref(o.baseline)
+            models.get(o.judge)
         except StropError as exc:
-            problems.append(f"--baseline: {exc}")
+            problems.append(f"--judge: {exc}")
     if o.data_file is None and not (o.dataset == "gsm8k" or o.dataset == "synthetic" or o.dataset.startswith("synthetic:")):
         problems.append(f"--dataset must be synthetic, synthetic:LEVEL or gsm8k (or give --data-file), got {o.dataset!r}")
     if o.data_file is not None and not Path(o.data_file).exists():
         problems.append(f"--data-file {o.data_file}: no such file or folder")
     out = Path(o.out)
-    if out.exists() and (out / MANIFEST).exists():
-        problems.append(f"--out {out} holds an earlier quickstart; `strop cleanup --out {out}` removes it, or pick "
+    if out.exists() and not out.is_dir():
+        problems.append(f"--out {out} is a file; give a folder")
+    elif (out / MANIFEST).exists():
+        status = _read_status(out)
+        problems.append(f"--out {out} holds an earlier quickstart{f' ({status})' if status else ''}: run "
+                        f"`strop cleanup --out {out}` first to remove what it made, then run this again; or pick "
                         "another --out")
+    else:
+        taken = [name for name in OWN_FILES if (out / name).exists()]
+        if taken:
+            problems.append(f"--out {out} already has {', '.join(taken)}, which quickstart would overwrite; move "
+                            "them or pick another --out")
     if problems:
         raise StropError("quickstart cannot start:\n  " + "\n  ".join(problems))
 
 
-def _data(o: QuickstartOptions, folder: Path) -> tuple[Path, Path]:
-    """The training rows and the evaluation rows, as two JSONL files in `folder`."""
+def _read_status(out: Path) -> str | None:
+    try:
+        return json.loads((out / MANIFEST).read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def _rows(o: QuickstartOptions) -> tuple[list, list]:
+    """The training rows and the evaluation rows."""
     from strop.data import load_rows
     need_train = o.steps * o.batch_size
     if o.data_file is not None:
         source = Path(o.data_file)
         if source.is_dir():
-            train, test = load_rows(str(source / "train.jsonl")), load_rows(str(source / "test.jsonl"), limit=o.eval_n)
-        else:
-            rows = load_rows(str(source))
-            if len(rows) < o.eval_n + 1:
-                raise StropError(f"--data-file {source} has {len(rows)} rows: too few for --eval-n {o.eval_n} "
-                                 "and training; lower --eval-n or give a folder with train.jsonl and test.jsonl")
-            train, test = rows[:-o.eval_n], rows[-o.eval_n:]
-    else:
-        source = "synthetic:add" if o.dataset == "synthetic" else o.dataset
+            return load_rows(str(source / "train.jsonl")), load_rows(str(source / "test.jsonl"), limit=o.eval_n)
+        rows = load_rows(str(source))
+        if len(rows) < o.eval_n + 1:
+            raise StropError(f"--data-file {source} has {len(rows)} rows: too few for --eval-n {o.eval_n} "
+                             "and training; lower --eval-n or give a folder with train.jsonl and test.jsonl")
+        return rows[:-o.eval_n], rows[-o.eval_n:]
+    source = "synthetic:add" if o.dataset == "synthetic" else o.dataset
+    try:
         train = load_rows(source, split="train", limit=need_train if source != "gsm8k" else None, seed=o.seed)
         test = load_rows(source, split="test", limit=o.eval_n, seed=o.seed + 1)
-    paths = []
-    for name, rows in (("train", train), ("eval", test)):
-        path = folder / f"{name}.jsonl"
-        path.write_text("".join(json.dumps({"question": r.question, "answer": r.answer}) + "\n" for r in rows))
-        paths.append(path)
-    return paths[0], paths[1]
+    except StropError as exc:
+        if source != "gsm8k":
+            raise
+        # the loader's own hint names `--dataset FILE`, which `strop train` takes; quickstart takes --data-file
+        reason = str(exc).split("; pass a local copy")[0].rstrip(". ")
+        raise StropError(f"--dataset gsm8k: {reason}; give a local copy instead: --data-file path/to/gsm8k.jsonl "
+                         "(one {\"question\": ..., \"answer\": ...} object per line; the last --eval-n rows are "
+                         "held out), or --data-file FOLDER with train.jsonl and test.jsonl") from None
+    return train, test
 
 
 def _descriptor(o: QuickstartOptions, project: str, dataset: str) -> dict:
@@ -123,6 +167,13 @@ class _Manifest:
         self.data.update(values)
         self.save()
 
+    def made(self, path: Path) -> Path:
+        """Record `path` (under --out) before it is written, so cleanup removes it and nothing beside it."""
+        relative = path.relative_to(self.path.parent).as_posix()
+        if relative not in self.data["created"]:
+            self.set(created=[*self.data["created"], relative])
+        return path
+
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=1))
@@ -136,52 +187,83 @@ def _wait_run(run_id: str, steps: int) -> dict:
         return runs.wait(run_id, on_poll=bar.update, interval=2.0)
 
 
-def _evaluate(model: str, dataset: str, o: QuickstartOptions, what: str) -> dict:
+def _evaluate(model: str, dataset: str, o: QuickstartOptions, what: str, manifest: _Manifest) -> dict:
     from strop.control import evaluations
+    judge = judge_model(o)
     started = evaluations.start(model, dataset, "builtin:gsm8k", max_tokens=o.max_tokens, limit=o.eval_n,
-                                judge=o.judge)
+                                judge=judge, concurrency=o.concurrency, max_retries=o.max_retries,
+                                request_timeout=o.request_timeout)
+    # recorded before waiting: one that fails is still ours to clean up
+    manifest.set(evaluations={**manifest.data["evaluations"], what: started["evaluationId"]})
     _say(f"{what}: evaluation {started['evaluationId']} of {model} on {o.eval_n} items"
-         + (f", judged by {o.judge}" if o.judge else ""))
+         + (f", judged by {judge}" if judge else ""))
     from strop.control.progress import EvalBar
     with EvalBar(what) as bar:
         info = evaluations.wait(started["evaluationId"], interval=2.0, on_poll=bar.update)
     if info["status"] != "succeeded":
-        raise StropError(f"{what} evaluation {info['evaluationId']} {info['status']}: {info.get('error')}")
+        raise StropError(f"the {what} evaluation {info['evaluationId']} of {model} {info['status']}: {info.get('error')}")
+    errors = (info.get("summary") or {}).get("requestErrors") or 0
+    if errors:
+        _say(f"warning: {errors} of {o.eval_n} requests to {model} failed and count as wrong")
     return info
 
 
 def run_quickstart(o: QuickstartOptions) -> dict:
-    """Run every step; return the manifest (ids, files, figures)."""
-    from strop.control import base_models, projects, registry, runs
-    from strop.control.reports import write_report
-    from strop.evals.compare import compare_evaluations, comparison_table
+    """Run every step; return the manifest (ids, files, figures). A failure part-way is recorded in the
+    manifest (status failed, the error) and raised; `cleanup` then removes what was made."""
+    from strop.control import base_models
     _check(o)
-    out = Path(o.out).resolve()
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    name = f"quickstart-{tag}"
-    started = time.monotonic()
-    manifest = _Manifest(out / MANIFEST, {"quickstartId": name, "options": asdict(o), "out": str(out),
-                                          "project": None, "datasets": [], "run": None, "model": None,
-                                          "evaluations": {}, "results": None, "report": None})
     _say(f"base model {o.base_model}: selecting (the first time converts and caches its weights)")
     base_models.select(o.base_model)
-    if o.judge and not o.judge.startswith(("openai:", "model-")):
-        from strop.models.catalog import DEFAULT_MODEL
-        base_models.select(DEFAULT_MODEL if o.judge == "local" else o.judge)
-    train_file, eval_file = _data(o, out / "data")
+    judge = judge_model(o)
+    if judge and not judge.startswith(("openai:", "model-")) and judge != o.base_model:
+        try:
+            base_models.select(judge)
+        except StropError as exc:
+            raise StropError(f"--judge {judge}: {exc}") from None
+    train_rows, eval_rows = _rows(o)
+    out = Path(o.out).resolve()
+    made_out = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = _Manifest(out / MANIFEST, {"quickstartId": f"quickstart-{uuid.uuid4().hex[:8]}", "status": "running",
+                                          "options": asdict(o), "out": str(out), "createdOut": made_out,
+                                          "created": [], "project": None, "datasets": [], "run": None,
+                                          "model": None, "evaluations": {}, "results": None, "report": None})
+    try:
+        _steps(o, out, manifest, train_rows, eval_rows)
+    except (StropError, KeyboardInterrupt) as exc:
+        manifest.set(status="failed", error=str(exc) or type(exc).__name__)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise StropError(f"{exc}\nquickstart stopped; what it made so far is listed in {manifest.path}: "
+                         f"`strop cleanup --out {o.out}` removes it") from None
+    manifest.set(status="succeeded")
+    return manifest.data
+
+
+def _steps(o: QuickstartOptions, out: Path, manifest: _Manifest, train_rows, eval_rows) -> None:
+    from strop.control import projects, registry, runs
+    from strop.control.reports import save_tables, write_report
+    from strop.evals.compare import compare_evaluations, comparison_table
+    started = time.monotonic()
+    name = manifest.data["quickstartId"]
+    if not (out / "data").exists():
+        manifest.made(out / "data").mkdir()
+    files = {}
+    for split, rows in (("train", train_rows), ("eval", eval_rows)):
+        files[split] = manifest.made(out / "data" / f"{split}.jsonl")
+        files[split].write_text("".join(json.dumps({"question": r.question, "answer": r.answer}) + "\n" for r in rows))
     projects.create(name)
     manifest.set(project=name)
-    train = registry.register_dataset(f"{name}/train", train_file)
+    train = registry.register_dataset(f"{name}/train", files["train"])
     manifest.set(datasets=[f"{name}/train"])
-    evaluation_set = registry.register_dataset(f"{name}/eval", eval_file)
+    evaluation_set = registry.register_dataset(f"{name}/eval", files["eval"])
     manifest.set(datasets=[f"{name}/train", f"{name}/eval"])
     _say(f"data: {train['ref']} for training, {evaluation_set['ref']} for evaluation")
 
-    baseline = _evaluate(o.baseline or o.base_model, evaluation_set["ref"], o, "baseline")
-    manifest.set(evaluations={"baseline": baseline["evaluationId"]})
+    baseline = _evaluate(o.baseline or o.base_model, evaluation_set["ref"], o, "baseline", manifest)
 
-    descriptor_path = out / "run.json"
+    descriptor_path = manifest.made(out / "run.json")
     descriptor_path.write_text(json.dumps(_descriptor(o, name, train["ref"]), indent=1))
     run = runs.start(descriptor_path)
     manifest.set(run=run["runId"])
@@ -191,23 +273,28 @@ def run_quickstart(o: QuickstartOptions) -> dict:
         raise StropError(f"run {run['runId']} {finished['status']}: {finished.get('error')}")
     manifest.set(model=finished["modelId"])
 
-    tuned = _evaluate(finished["modelId"], evaluation_set["ref"], o, "tuned")
-    manifest.set(evaluations={"baseline": baseline["evaluationId"], "tuned": tuned["evaluationId"]})
+    tuned = _evaluate(finished["modelId"], evaluation_set["ref"], o, "tuned", manifest)
 
     base_label = (o.baseline[len("openai:"):].partition("@")[0] if o.baseline
                   else o.base_model.rstrip("/").rsplit("/", 1)[-1] + " (base)")
     labels = (base_label, o.base_model.rstrip("/").rsplit("/", 1)[-1] + " (RL-tuned)")
     comparison = compare_evaluations(baseline["evaluationId"], tuned["evaluationId"], labels=labels)
-    from strop.control.reports import save_tables
-    results = save_tables(comparison, url=o.results_url, mode="overwrite")
+    # replace, not overwrite: the tables may hold other comparisons' rows, which are not ours to drop
+    manifest.set(results={"comparisonId": comparison["comparisonId"], "resultsUrl": o.results_url})
+    results = save_tables(comparison, url=o.results_url, mode="replace")
     manifest.set(results={**results, "comparisonId": comparison["comparisonId"], "resultsUrl": o.results_url})
-    files = write_report(out / "report", comparison=comparison, run_id=run["runId"],
+    report = out / "report"
+    if not report.exists():
+        manifest.made(report)
+    for own in OWN_FILES:
+        if own.startswith("report/"):
+            manifest.made(out / own)
+    report_files = write_report(report, comparison=comparison, run_id=run["runId"],
                          extra={"run": run["runId"], "model": finished["modelId"],
                                 "baseline evaluation": baseline["evaluationId"],
                                 "tuned evaluation": tuned["evaluationId"], "tables": results["url"]})
-    manifest.set(report=files, seconds=round(time.monotonic() - started, 1),
+    manifest.set(report=report_files, seconds=round(time.monotonic() - started, 1),
                  summary={k: v for k, v in comparison.items() if k != "items"}, table=comparison_table(comparison))
-    return manifest.data
 
 
 def load_manifest(out: str | Path) -> dict:
@@ -218,8 +305,9 @@ def load_manifest(out: str | Path) -> dict:
 
 
 def cleanup(out: str | Path) -> dict:
-    """Remove what the quickstart in `out` made: its result-table rows (and the tables when nothing else is in
-    them), evaluations, tuned model, run, project, datasets and the folder. Nothing else is touched."""
+    """Remove what the quickstart in `out` made: its result-table rows (and a table left empty), evaluations,
+    tuned model and its adapter artifact, run, project, datasets, the files it wrote under `out`, and `out`
+    itself when quickstart made it and nothing else is left in it. Nothing else is touched."""
     from sqlalchemy import select
 
     from strop.control import evaluations, registry, runs
@@ -227,13 +315,15 @@ def cleanup(out: str | Path) -> dict:
     from strop.store import open_store, session_scope
     from strop.store.schema import Evaluation, Model, Project, Run
     m = load_manifest(out)
-    removed: dict[str, list] = {"tables": [], "evaluations": [], "models": [], "runs": [], "projects": [], "datasets": []}
+    removed: dict[str, list] = {"tables": [], "evaluations": [], "models": [], "artifacts": [], "runs": [],
+                                "projects": [], "datasets": [], "files": []}
     if m.get("run"):
         status = runs.get(m["run"])["status"] if _exists(Run, m["run"]) else None
         if status in ("pending", "running"):
             raise StropError(f"run {m['run']} is still {status}; `strop runs cancel {m['run']}` first, then clean up")
     if m.get("results"):
         removed["tables"] = delete_comparison(m["results"]["comparisonId"], url=m["results"].get("resultsUrl"))
+    shas = set()
     with session_scope(open_store()) as s:
         ids = list((m.get("evaluations") or {}).values())
         if m.get("run"):
@@ -246,6 +336,7 @@ def cleanup(out: str | Path) -> dict:
         if m.get("run"):
             for model in s.scalars(select(Model).where(Model.run_id == m["run"])).all():
                 removed["models"].append(model.id)
+                shas.add(model.artifact_sha256)
                 s.delete(model)
             s.flush()
             run = s.get(Run, m["run"])
@@ -258,6 +349,7 @@ def cleanup(out: str | Path) -> dict:
             if project is not None:
                 s.delete(project)
                 removed["projects"].append(m["project"])
+    removed["artifacts"] = _remove_unreferenced(shas - {None})
     for name in m.get("datasets") or []:
         if any(d["name"] == name for d in registry.list_datasets()):
             registry.delete("dataset", name)
@@ -266,8 +358,51 @@ def cleanup(out: str | Path) -> dict:
         shutil.rmtree(evaluations.eval_dir(evaluation_id), ignore_errors=True)
     for run_id in removed["runs"]:
         shutil.rmtree(runs.run_dir(run_id), ignore_errors=True)
-    shutil.rmtree(Path(out), ignore_errors=True)
+    removed["files"] = _remove_files(Path(out), m)
     return removed
+
+
+def _remove_unreferenced(shas: set[str]) -> list[str]:
+    """Delete the adapter artifacts that no model, dataset or bundle version still refers to."""
+    from sqlalchemy import select
+
+    from strop.store import artifacts, open_store, session_scope
+    from strop.store.schema import BundleVersion, DatasetVersion, Model
+    gone = []
+    with session_scope(open_store(), read_only=True) as s:
+        for sha in sorted(shas):
+            if any(s.scalar(select(column).where(column == sha).limit(1)) for column in
+                   (Model.artifact_sha256, DatasetVersion.sha256, BundleVersion.sha256)):
+                continue
+            artifacts.remove(sha)
+            gone.append(sha)
+    return gone
+
+
+def _remove_files(out: Path, m: dict) -> list[str]:
+    """The files and folders the manifest lists, newest first (a folder only once empty), then the manifest,
+    then `out` when quickstart made it and it is empty: a user's own files there stay."""
+    gone = []
+    for relative in reversed(m.get("created") or []):
+        path = out / relative
+        try:
+            if path.is_dir():
+                path.rmdir()  # refuses a folder with someone else's files in it
+            elif path.exists():
+                path.unlink()
+            else:
+                continue
+        except OSError:
+            continue
+        gone.append(relative)
+    for name in (MANIFEST, Path(MANIFEST).with_suffix(".tmp").name):
+        if (out / name).exists():
+            (out / name).unlink()
+            gone.append(name)
+    if m.get("createdOut") and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+        gone.append(str(out))
+    return gone
 
 
 def _exists(table, key) -> bool:

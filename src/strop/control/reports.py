@@ -19,17 +19,17 @@ def write_report(out: str | Path, *, comparison: dict | None = None, run_id: str
     from strop.report import write_report as write_html
     if comparison is None and run_id is None:
         raise StropError("a report needs a comparison (two evaluations) or a run, or both")
+    metrics_rows = None
+    if run_id is not None:  # read before the folder is made, so an unknown run leaves nothing behind
+        from strop.control import runs
+        metrics_rows = runs.metrics(run_id) or None
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise StropError(f"--out {out} is a file; give a folder to write the report into")
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
-    metrics_rows = None
-    if run_id is not None:
-        from strop.control import runs
-        metrics_rows = runs.metrics(run_id)
-        if metrics_rows:
-            files["training"] = str(render_training_curves(metrics_rows, out / "training.png"))
-        else:
-            metrics_rows = None
+    if metrics_rows:
+        files["training"] = str(render_training_curves(metrics_rows, out / "training.png"))
     if comparison is not None:
         files["dashboard"] = str(_path_of(render_dashboard(comparison, out / "dashboard.png")))
         (out / "comparison.json").write_text(json.dumps(comparison, indent=1, default=str))

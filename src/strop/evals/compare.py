@@ -93,7 +93,8 @@ def compare_evaluations(eval_a: str, eval_b: str, *, labels: tuple[str, str] | N
     sides = []
     for i, report in enumerate(reports):
         sides.append({"label": labels[i] if labels else default_label(report["model"]), "model": report["model"],
-                      "evaluationId": report["evaluationId"], "dataset": report["dataset"]})
+                      "evaluationId": report["evaluationId"], "dataset": report["dataset"],
+                      "requestErrors": report["summary"].get("requestErrors", 0)})
     if labels is None and sides[0]["label"] == sides[1]["label"]:
         sides[0]["label"], sides[1]["label"] = f"A: {sides[0]['label']}", f"B: {sides[1]['label']}"
     return compare(reports[0]["items"], reports[1]["items"], a=sides[0], b=sides[1],
@@ -119,6 +120,10 @@ def comparison_table(c: dict) -> str:
     m = c["mcnemar"]
     lines.append(f"exact McNemar p = {m['p']:.3g} (right only under {a}: {m['aOnly']}, only under {b}: {m['bOnly']})"
                  + ("  -> significant at 0.05" if m["p"] < 0.05 else "  -> not significant at 0.05"))
+    errors = {side: c[side].get("requestErrors") or 0 for side in ("a", "b")}
+    if any(errors.values()):
+        lines.append(f"warning: request errors: {a} {errors['a']}, {b} {errors['b']} of {c['n']}; failed requests "
+                     "count as wrong, so the difference may be the endpoint's failures, not the model's")
     if judge:
         w = judge["winTieLoss"]
         lines.append(f"judge head-to-head by combined score: {b} wins {w['bWins']}, ties {w['ties']}, {a} wins {w['aWins']}")

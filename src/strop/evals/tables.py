@@ -6,8 +6,10 @@
 strop_eval_comparison: one row per item: question, ground truth, each model's answer and correctness.
 strop_judge_scores: one row per item, model and judge metric: the score (NULL when no verdict could be had,
 with the reason in `error`) and the judge's one-sentence reasoning.
-Both carry `comparison_id`, so `append` keeps several comparisons apart; `overwrite` replaces the tables (as
-seed 000's `mode("overwrite")` does), so never point it at tables whose rows you need.
+Both carry `comparison_id`, so `append` keeps several comparisons apart; `replace` deletes only this
+comparison's earlier rows and then appends (what `strop quickstart` uses, so other comparisons' rows stay);
+`overwrite` replaces the tables (as seed 000's `mode("overwrite")` does), so never point it at tables whose
+rows you need.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from strop.errors import StropError
 
 COMPARISON_TABLE = "strop_eval_comparison"
 JUDGE_TABLE = "strop_judge_scores"
-MODES = ("overwrite", "append")
+MODES = ("overwrite", "append", "replace")
 
 
 class ResultsError(StropError):
@@ -109,6 +111,9 @@ def write_tables(comparison: dict, *, url: str | None = None, mode: str = "overw
             else:
                 _check_columns(conn, comparison_table, judge_table)
             metadata.create_all(conn, checkfirst=True)
+            if mode == "replace":
+                for table in (comparison_table, judge_table):
+                    conn.execute(table.delete().where(table.c.comparison_id == comparison["comparisonId"]))
             conn.execute(comparison_table.insert(), rows)
             if judge_rows:
                 conn.execute(judge_table.insert(), judge_rows)
@@ -130,8 +135,8 @@ def _check_columns(conn, *tables: sa.Table) -> None:
             have = {c["name"] for c in inspector.get_columns(table.name)}
             missing = sorted({c.name for c in table.columns} - have)
             if missing:
-                raise ResultsError(f"table {table.name} exists without columns {missing}; append needs strop's "
-                                   "layout: use --mode overwrite, or another --results-url")
+                raise ResultsError(f"table {table.name} exists without columns {missing}; append and replace need "
+                                   "strop's layout: use --mode overwrite, or another --results-url")
 
 
 def delete_comparison(comparison_id: str, *, url: str | None = None) -> list[str]:
