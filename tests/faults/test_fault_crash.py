@@ -67,3 +67,81 @@ def test_a_damaged_checkpoint_is_skipped_for_the_one_before(workspace, capsys): 
     code, out, _ = run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300", "-o", "json")
     assert code == 0, out
     assert _metrics_steps(capsys, run_id) == list(range(6))
+
+
+def test_a_kill_while_a_checkpoint_is_written_resumes_from_the_one_before(workspace, capsys):  # noqa: F811
+    # A kill mid-save leaves a torn manifest in the newest checkpoint and the next one's temporary folder behind.
+    run_id = _slow_run(workspace, capsys, 6)
+    _kill_at(capsys, run_id, 4)
+    run_folder = json.loads(run(capsys, "runs", "get", run_id, "-o", "json")[1])["runDir"]
+    checkpoints = os.path.join(run_folder, "checkpoints")
+    newest = sorted(name for name in os.listdir(checkpoints) if name.startswith("step-"))[-1]
+    manifest = os.path.join(checkpoints, newest, "manifest.json")
+    with open(manifest, "r+b") as handle:
+        handle.truncate(os.path.getsize(manifest) // 2)
+    leftover = os.path.join(checkpoints, ".step-000099.tmp-crashed")
+    os.makedirs(leftover)
+    with open(os.path.join(leftover, "adapter_model.safetensors"), "wb") as handle:
+        handle.write(b"\0" * 100)
+    assert run(capsys, "runs", "resume", run_id)[0] == 0
+    code, out, _ = run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300", "-o", "json")
+    assert code == 0, out
+    assert _metrics_steps(capsys, run_id) == list(range(6))
+    lines = [json.loads(line)["step"] for line in open(os.path.join(run_folder, "metrics.jsonl"))]
+    assert lines == list(range(6))
+    log = open(os.path.join(run_folder, "worker.log")).read()
+    assert "skipping checkpoint" in log and "manifest.json is unreadable or malformed" in log
+    assert not os.path.exists(leftover)
+
+
+def test_runs_list_shows_a_killed_run_as_failed(workspace, capsys):  # noqa: F811
+    run_id = _slow_run(workspace, capsys, 6)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:  # read the pid from the store, not through `runs get` (which would judge it)
+        info = json.loads(run(capsys, "runs", "list", "-o", "json")[1])[0]
+        if info["step"] >= 1 and info["workerPid"]:
+            break
+        time.sleep(0.05)
+    os.kill(info["workerPid"], signal.SIGKILL)
+    time.sleep(0.3)
+    [listed] = json.loads(run(capsys, "runs", "list", "-o", "json")[1])
+    assert listed["runId"] == run_id and listed["status"] == "failed" and "died" in listed["error"]
+    code, out, _ = run(capsys, "runs", "list")
+    assert code == 0 and "failed" in out
+
+
+def _stored_run(status: str, pid: int, host: str) -> str:
+    from sqlalchemy import select
+
+    from strop.store import open_store, session_scope
+    from strop.store.schema import Project, Run
+    with session_scope(open_store()) as s:
+        project = s.scalar(select(Project).where(Project.name == "arith"))
+        row = Run(project_id=project.id, descriptor={"config": {"rlHyperparams": {"maxSteps": 4}}}, status=status,
+                  base_model="strop/tiny-random", worker_pid=pid, worker_host=host)
+        s.add(row)
+        s.flush()
+        return row.id
+
+
+def test_a_run_on_another_host_is_not_judged_here(workspace, capsys):  # noqa: F811
+    # a store shared by two machines: this one cannot see the other's processes, so it must not call them dead
+    import subprocess
+    import sys
+
+    from strop.control.processes import this_host
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is no process here
+    remote = _stored_run("running", gone.pid, "gpu-box-b")
+    info = json.loads(run(capsys, "runs", "get", remote, "-o", "json")[1])
+    assert info["status"] == "running" and info["workerHost"] == "gpu-box-b" and info["error"] is None
+    assert json.loads(run(capsys, "runs", "list", "-o", "json")[1])[0]["status"] == "running"
+    code, out, _ = run(capsys, "runs", "get", remote)
+    assert code == 0 and "running on gpu-box-b" in out
+    code, _, err = run(capsys, "runs", "cancel", remote)
+    assert code == 1 and "on gpu-box-b" in err
+    assert json.loads(run(capsys, "runs", "get", remote, "-o", "json")[1])["status"] == "running"
+    # the same dead pid recorded by this machine is judged, and found dead
+    local = _stored_run("running", gone.pid, this_host())
+    info = json.loads(run(capsys, "runs", "get", local, "-o", "json")[1])
+    assert info["status"] == "failed" and "died" in info["error"]

@@ -63,7 +63,13 @@ def _show(r: dict) -> str:
     if r.get("evaluations"):
         lines.append(f"evaluations: {', '.join(r['evaluations'])}")
     if r.get("workerPid"):
-        lines.append(f"worker pid: {r['workerPid']}")
+        from strop.control.processes import this_host
+        host = r.get("workerHost")
+        if host and host != this_host():
+            lines.append(f"running on {host} (worker pid {r['workerPid']} there; only that machine can tell "
+                         f"whether it still runs)")
+        else:
+            lines.append(f"worker pid: {r['workerPid']}")
     if r.get("seconds") is not None:
         lines.append(f"seconds: {r['seconds']}")
     if r.get("error"):

@@ -2,15 +2,24 @@
 
     pid = spawn("strop.control.worker", "run-3f9a1c2e", log=Path("worker.log"))
     alive(pid, "strop.control.worker", "run-3f9a1c2e")
+
+A pid means something only on the machine that started it: record `this_host()` with it, and where a store is
+shared by several machines, judge liveness only on that host.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+def this_host() -> str:
+    """This machine's name, as stored next to the pids of the workers it starts."""
+    return socket.gethostname()
 
 
 def spawn(module: str, arg: str, log: Path) -> int:

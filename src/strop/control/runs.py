@@ -144,12 +144,19 @@ def spawn_worker(run_id: str) -> int:
             run.status, run.finished_at, run.error = "failed", utcnow(), f"could not start the worker: {exc}"
         raise RunError(f"run {run_id}: could not start its worker process: {exc}") from None
     with session_scope(open_store()) as s:
-        s.get(Run, run_id).worker_pid = pid
+        run = s.get(Run, run_id)
+        run.worker_pid, run.worker_host = pid, processes.this_host()
     return pid
 
 
 def worker_alive(pid: int | None, run_id: str) -> bool:
     return processes.alive(pid, WORKER, run_id)
+
+
+def elsewhere(run: Run) -> str | None:
+    """The other machine whose worker this run's pid is (None when it is this one, or unknown): that
+    machine's /proc, not ours, says whether it still runs."""
+    return run.worker_host if run.worker_host and run.worker_host != processes.this_host() else None
 
 
 def _as_dict(run: Run, project: str, evaluations: list[str] | None = None) -> dict:
@@ -160,6 +167,7 @@ def _as_dict(run: Run, project: str, evaluations: list[str] | None = None) -> di
             "step": run.current_step, "maxSteps": run.descriptor["config"]["rlHyperparams"].get("maxSteps"),
             "baseModel": run.base_model, "modelId": run.model_id, "pinned": run.pinned,
             "workerPid": run.worker_pid if run.status in ("pending", "running") else None,
+            "workerHost": run.worker_host if run.status in ("pending", "running") else None,
             "createdAt": run.created_at.isoformat(), "startedAt": run.started_at and run.started_at.isoformat(),
             "finishedAt": run.finished_at and run.finished_at.isoformat(), "seconds": seconds, "error": run.error,
             "evaluations": evaluations or [],
@@ -172,7 +180,9 @@ def _load(s, run_id: str) -> Run:
         raise RunError(f"no run {run_id!r}; `strop runs list` shows the runs")
     # a worker that died without recording it (kill -9, out of memory) leaves the run looking alive;
     # a pending run with no pid yet is being spawned (spawn_worker records the pid as soon as the process exists)
-    if run.status in ("pending", "running") and run.worker_pid and not worker_alive(run.worker_pid, run.id):
+    # (only this machine's workers can be checked: one on another host sharing the store is left as it is)
+    if run.status in ("pending", "running") and run.worker_pid and not elsewhere(run) \
+            and not worker_alive(run.worker_pid, run.id):
         run.status, run.finished_at = "failed", utcnow()
         run.error = (f"the worker process {run.worker_pid} died without finishing; see "
                      f"{run_dir(run.id) / 'worker.log'}; `strop runs resume {run.id}` continues from the last checkpoint")
@@ -208,6 +218,9 @@ def cancel(run_id: str) -> dict:
         run = _load(s, run_id)
         if run.status in FINISHED_STATUSES:
             raise RunError(f"run {run_id} already {run.status}; nothing to cancel")
+        if elsewhere(run):
+            raise RunError(f"run {run_id} is {run.status} on {run.worker_host} (worker {run.worker_pid}); its "
+                           f"worker can only be stopped there: run `strop runs cancel {run_id}` on {run.worker_host}")
         pid = run.worker_pid
         if not worker_alive(pid, run_id):
             run.status, run.finished_at = "cancelled", utcnow()
@@ -229,10 +242,12 @@ def resume(run_id: str) -> dict:
     with session_scope(open_store()) as s:
         run = _load(s, run_id)
         if run.status in ("pending", "running"):
-            raise RunError(f"run {run_id} is {run.status} (worker {run.worker_pid}); wait for it or cancel it first")
+            where = f" on {run.worker_host}" if elsewhere(run) else ""
+            raise RunError(f"run {run_id} is {run.status}{where} (worker {run.worker_pid}); wait for it or cancel "
+                           f"it first")
         if run.status == "succeeded":
             raise RunError(f"run {run_id} already succeeded; start a new run to train further")
-        run.status, run.error, run.finished_at, run.worker_pid = "pending", None, None, None
+        run.status, run.error, run.finished_at, run.worker_pid, run.worker_host = "pending", None, None, None, None
     spawn_worker(run_id)
     return get(run_id)
 

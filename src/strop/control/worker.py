@@ -40,6 +40,7 @@ def build_config(run: Run, folder: Path):
     from strop import model_info
     from strop.control import registry
     from strop.control.descriptor import validate_descriptor
+    from strop.rl.checkpoints import sha256_file
     descriptor = validate_descriptor(run.descriptor)
     if "environment" in run.pinned:
         return descriptor.to_grpo_config(None, [], base_model=run.pinned["baseModel"]["path"],
@@ -48,9 +49,16 @@ def build_config(run: Run, folder: Path):
     _, version = registry.dataset_file(run.pinned["dataset"]["ref"])
     suffix = Path(version["source"] or "rows.jsonl").suffix or ".jsonl"
     dataset = folder / f"dataset{suffix}"
+    expected = run.pinned["dataset"]["sha256"]
+    if dataset.exists() and sha256_file(dataset) != expected:  # a resumed run must train on what was admitted
+        print(f"warning: {dataset} no longer matches the dataset version the run pinned ({run.pinned['dataset']['ref']}, "
+              f"sha256 {expected[:12]}); copying it again from the registry", file=sys.stderr)
+        dataset.unlink()
     if not dataset.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(artifacts.path_of(run.pinned["dataset"]["sha256"]), dataset)
+        partial = dataset.with_name(f".{dataset.name}.partial")  # a kill mid-copy must not leave a short file
+        shutil.copyfile(artifacts.path_of(expected), partial)
+        partial.replace(dataset)
     refs = []
     for term, spec in zip(run.pinned["terms"], descriptor.config.reward.terms if descriptor.config.reward else []):
         if "builtin" in term:

@@ -1,13 +1,17 @@
 """Checkpoints of a run: `checkpoints/step-000010/` holds the adapter (PEFT format), the optimizer state and
-a manifest of sha256 sums. A checkpoint is written under a temporary name and renamed into place, and its
-manifest is checked before it is trusted, so a crash mid-write leaves the previous checkpoint in charge.
+a manifest of sha256 sums. A checkpoint is written under a temporary name and renamed into place, its manifest
+is written the same way (temporary file, fsync, rename), and the manifest is checked before the checkpoint is
+trusted. So a crash mid-write leaves the previous checkpoint in charge: a folder with no manifest, a torn or
+malformed manifest, or a file that does not match its sum is skipped with a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from strop.errors import StropError
@@ -24,8 +28,18 @@ def sha256_file(path: Path) -> str:
 
 
 def write_manifest(folder: Path, step: int) -> None:
-    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
-    (folder / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir())
+             if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")}
+    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps({"step": step, "files": files}, indent=1))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, folder / MANIFEST)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def verify(folder: Path) -> int:
@@ -33,12 +47,17 @@ def verify(folder: Path) -> int:
     manifest_path = folder / MANIFEST
     if not manifest_path.exists():
         raise StropError(f"checkpoint {folder} has no {MANIFEST}; it was not finished")
-    manifest = json.loads(manifest_path.read_text())
-    for name, digest in manifest["files"].items():
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files, step = dict(manifest["files"]), int(manifest["step"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:  # torn by a crash, or edited
+        raise StropError(f"checkpoint {folder}: its {MANIFEST} is unreadable or malformed "
+                         f"({type(exc).__name__}: {exc}); it was not finished") from None
+    for name, digest in files.items():
         path = folder / name
-        if not path.exists() or sha256_file(path) != digest:
+        if not path.is_file() or sha256_file(path) != digest:
             raise StropError(f"checkpoint {folder}: {name} is missing or does not match its sha256 in the manifest")
-    return int(manifest["step"])
+    return step
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -59,6 +78,9 @@ def latest(run_dir: Path) -> tuple[int, Path] | None:
     folder = Path(run_dir) / "checkpoints"
     if not folder.exists():
         return None
+    # a run has one worker, so temporary folders left here are from a crashed save (see atomic_dir in the trainer)
+    for stale in folder.glob(".step-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     for path in sorted(folder.glob("step-*"), reverse=True):
         try:
             return verify(path), path

@@ -332,10 +332,11 @@ def _train_step(step, batch_rows, config, training, renderer, terms, weights, ba
             kl_values.extend(v for seq in kl_G for v in seq)
         datums.extend(group_datums(group, advantages_G, kl_G, config.kl_beta))
 
+    completions = [c for g in groups for c in g.completions]
+    # before the update: a step whose rewards are mostly grader failures must not move the weights
+    check_error_fraction(completions, len(terms), config.max_reward_error_fraction, step)
     fb_metrics, optim_metrics, train_seconds = apply_update(training, datums, config, adam)
 
-    completions = [c for g in groups for c in g.completions]
-    check_error_fraction(completions, len(terms), config.max_reward_error_fraction, step)
     rewards = [c.reward for c in completions]
     n_tokens = sum(len(c.tokens) for c in completions)
     row = {

@@ -58,6 +58,7 @@ SHA256_LEN = 64
 ID_LEN = 40
 NAME_LEN = 200
 REF_LEN = 1000
+HOST_LEN = 255
 
 # Fixed constraint names make migrations reproducible and let PostgreSQL and SQLite agree on them.
 NAMING_CONVENTION = {
@@ -220,6 +221,9 @@ class Run(Base):
     # A string, not a key into base_models: un-selecting a model later must not be blocked by old runs.
     base_model: Mapped[str] = mapped_column(String(NAME_LEN))
     worker_pid: Mapped[int | None] = mapped_column(Integer)
+    # The machine worker_pid belongs to: with a store shared by several machines, only that one can tell
+    # from its /proc whether the worker still runs.
+    worker_host: Mapped[str | None] = mapped_column(String(HOST_LEN))
     current_step: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
