@@ -34,6 +34,8 @@ BUNDLES = {
     "wrong signature": ("def compute_score(text):\n    return 1.0\n", "signature"),
     "import error": ("import numpy_but_misspelt\n", "numpy_but_misspelt"),
     "syntax error": ("def compute_score(:\n", "SyntaxError"),
+    "async grader": ("async def compute_score(data_source=None, solution_str=None, ground_truth=None, extra_info=None):"
+                     "\n    return 1.0\n", "is an `async def`; graders are called synchronously"),
 }
 
 
@@ -50,6 +52,9 @@ def test_bad_bundles(home, tmp_path, capsys, case):  # noqa: F811
 
 FLAGS = {
     "unknown model": (["train", "--base-model", "no-such/model-xyz", "--steps", "1"], "no-such/model-xyz"),
+    "malformed model id": (["train", "--base-model", "not a model!!", "--steps", "1"],
+                           "'not a model!!' is not a model id: a Hub id is NAME or ORG/NAME"),
+    "malformed model id to select": (["base-models", "select", "org/name with spaces"], "is not a model id"),
     "steps below one": (["train", "--base-model", "strop/tiny-random", "--steps", "0"], "steps"),
     "group of one": (["train", "--base-model", "strop/tiny-random", "--group-size", "1"], "group_size"),
     "bad reward weight": (["train", "--base-model", "strop/tiny-random", "--reward", "builtin:gsm8k=heavy"], "weight"),
@@ -78,3 +83,19 @@ def test_bad_flags(home, tmp_path, capsys, case):  # noqa: F811
     assert code in (1, 2) and expected in err, err
     assert not (tmp_path / "run").exists() and not (tmp_path / "qs").exists()
     assert json.loads(run(capsys, "runs", "list", "-o", "json")[1]) == []
+
+
+def test_a_relative_bundle_path_works_with_the_sandbox(home, tmp_path, capsys, monkeypatch):  # noqa: F811
+    # the sandbox's workers run in a temporary folder; the path must mean the folder the user was in
+    folder = tmp_path / "mybundle"
+    folder.mkdir()
+    (folder / "reward.py").write_text("def compute_score(data_source=None, solution_str=None, ground_truth=None, "
+                                      "extra_info=None):\n    return 0.5\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "train", "--base-model", "strop/tiny-random", "--dataset", "synthetic:add",
+                         "--steps", "1", "--group-size", "2", "--batch-size", "2", "--max-tokens", "4", "--quiet",
+                         "--reward", "mybundle=2.0", "--run-dir", tmp_path / "run", "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["lastReward"] == 1.0
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["reward_terms"][0]["grader"] == f"{folder}#reward:compute_score"

@@ -3,6 +3,8 @@ non-numbers. Each costs one score (0, error recorded and counted), never the run
 
 import json
 import os
+import subprocess
+import sys
 import textwrap
 import time
 
@@ -12,6 +14,7 @@ from strop.errors import StropError
 from strop.rl import GRPOConfig, run_grpo
 from strop.scoring import score_terms, terms_from_spec
 from strop.scoring.sandbox import SandboxError, SandboxPool
+from test_control import home, workspace  # noqa: F401 - fixtures
 
 BUNDLE = '''
 import os, signal, time
@@ -53,10 +56,24 @@ def chatty(**kw):
 def secret(**kw):
     return 1.0 if any("SECRET" in k or "API_KEY" in k for k in os.environ) else 0.0
 
+def parent_secret(**kw):
+    # the parent runs as the same user: its /proc environ would hold the secrets, were it readable
+    try:
+        with open(f"/proc/{os.getppid()}/environ", "rb") as handle:
+            environ = handle.read()
+    except OSError:
+        return 0.0
+    return 1.0 if b"hunter2" in environ or b"sk-test" in environ else 0.0
+
 def flaky(data_source=None, solution_str=None, ground_truth=None, extra_info=None):
     if "7" in (solution_str or ""):
         raise RuntimeError("flaky grader")
     return 0.0
+
+def mostly_fails(data_source=None, solution_str=None, ground_truth=None, extra_info=None):
+    if len(solution_str or "") % 4:
+        raise RuntimeError("mostly broken grader")
+    return 1.0  # the calls that pass give the group a spread, so the step has something to update
 '''
 
 
@@ -98,6 +115,12 @@ def test_each_fault_fails_one_call_and_the_next_call_works(pool, bundle, functio
     assert call(pool, bundle, "good") == 1.0  # a fresh worker where the old one died
 
 
+def test_a_relative_bundle_path_means_the_callers_folder(pool, bundle, monkeypatch):
+    monkeypatch.chdir(bundle.parent)  # the workers run elsewhere, in the pool's temporary folder
+    pool.check("./bundle#reward:good")
+    assert pool.grader("bundle#reward:good")(solution_str="41", ground_truth="42") == 0.5
+
+
 def test_dead_workers_are_replaced(pool, bundle):
     for function in ("segfault", "hang"):
         with pytest.raises(SandboxError):
@@ -122,6 +145,37 @@ def test_no_secrets_reach_the_grader(pool, bundle, monkeypatch):
     with SandboxPool(timeout=3.0) as fresh:  # workers start after the variables are set
         assert call(fresh, bundle, "secret") == 0.0
     assert os.environ["OPENAI_API_KEY"] == "sk-test"
+    # /proc/PID/environ shows the environment a process started with, so the parent here is a fresh process
+    # given the secrets at its start, as a user's shell gives them to `strop train`
+    script = ("import sys\nfrom strop.scoring.sandbox import SandboxPool\nwith SandboxPool(timeout=5.0) as pool:\n"
+              "    print(pool.grader(sys.argv[1])(solution_str='x', ground_truth='x'))\n")
+    done = subprocess.run([sys.executable, "-c", script, f"{bundle}#reward:parent_secret"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "MY_SECRET_TOKEN": "hunter2"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0.0"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl and /proc are Linux's")
+def test_a_pool_makes_its_process_non_dumpable_and_liveness_checks_still_work():
+    from strop.control.processes import alive
+    from strop.scoring.sandbox import _drop_capabilities
+    # the process that holds a pool is a run worker in the control plane: same module and argument on its cmdline
+    script = ("import ctypes, sys, time\nfrom strop.scoring.sandbox import SandboxPool\npool = SandboxPool()\n"
+              "print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0), flush=True)\ntime.sleep(60)\n")
+    worker = subprocess.Popen([sys.executable, "-c", script, "strop.control.worker", "run-undumpable"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "0"  # PR_GET_DUMPABLE: not dumpable
+        assert alive(worker.pid, "strop.control.worker", "run-undumpable")
+        # `strop runs get` from another process of the same user, without root's capabilities
+        check = ("import sys\nfrom strop.control.processes import alive\n"
+                 "print(alive(int(sys.argv[1]), 'strop.control.worker', 'run-undumpable'))\n")
+        done = subprocess.run([sys.executable, "-c", check, str(worker.pid)], capture_output=True, text=True,
+                              timeout=60, preexec_fn=_drop_capabilities)
+        assert done.stdout.strip() == "True", done.stderr
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 def test_a_bundle_that_does_not_load_is_refused_before_training(pool, tmp_path):
@@ -133,10 +187,11 @@ def test_a_bundle_that_does_not_load_is_refused_before_training(pool, tmp_path):
 
 
 def _config(tiny_model_dir, bundle, function, **changes):
-    return GRPOConfig(base_model=str(tiny_model_dir), dataset="synthetic:add", dataset_limit=8, batch_size=2,
-                      group_size=4, max_steps=2, max_completion_length=8, save_every=1, grader_timeout=3.0,
-                      reward_terms=[{"name": "correct", "grader": "builtin:gsm8k"},
-                                    {"name": "user", "grader": f"{bundle}#reward:{function}", "weight": 0.5}], **changes)
+    settings = dict(base_model=str(tiny_model_dir), dataset="synthetic:add", dataset_limit=8, batch_size=2,
+                    group_size=4, max_steps=2, max_completion_length=8, save_every=1, grader_timeout=3.0,
+                    reward_terms=[{"name": "correct", "grader": "builtin:gsm8k"},
+                                  {"name": "user", "grader": f"{bundle}#reward:{function}", "weight": 0.5}])
+    return GRPOConfig(**{**settings, **changes})
 
 
 def test_a_run_goes_on_through_grader_faults(tiny_model_dir, bundle, tmp_path):
@@ -157,6 +212,39 @@ def test_a_run_whose_grader_mostly_fails_stops_with_the_first_errors(tiny_model_
     message = str(err.value)
     assert "step 0: 8 of 16 grader calls failed" in message and "bad ground truth format" in message
     assert "maxErrorFraction" in message
+
+
+def test_a_step_over_the_error_limit_is_not_applied(tiny_model_dir, bundle, tmp_path):
+    import strop
+
+    class Recording(strop.ServiceClient):  # the real service; it only keeps the training client it made
+        def create_lora_training_client(self, *args, **kwargs):
+            self.training = super().create_lora_training_client(*args, **kwargs)
+            return self.training
+
+    service = Recording()
+    config = _config(tiny_model_dir, bundle, "mostly_fails", max_reward_error_fraction=0.25, group_size=8)
+    with pytest.raises(StropError, match="mostly broken grader"):
+        run_grpo(config, tmp_path / "run", progress=False, service=service)
+    assert service.training.trainer.steps == 0  # the failing step's optimizer step never ran
+
+
+def test_the_descriptor_error_limit_fails_a_run_with_the_first_errors(workspace, capsys):
+    from test_control import descriptor, run
+    folder = workspace / "mostly"
+    folder.mkdir()
+    (folder / "reward.py").write_text(textwrap.dedent(BUNDLE).replace("def mostly_fails(", "def compute_score("))
+    assert run(capsys, "registry", "bundles", "register", "faults/mostly", "-f", folder)[0] == 0
+    terms = [{"kind": "rule", "weight": 1.0, "bundle": "faults/mostly", "module": "reward"}]
+    path = descriptor(workspace, **{"config.reward.terms": terms, "config.reward.maxErrorFraction": 0.3,
+                                    "config.rlHyperparams.groupSize": 4})
+    run_id = run(capsys, "runs", "start", "-f", path, "--jq", ".runId")[1].strip()
+    code, out, _ = run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300", "-o", "json")
+    assert code == 1
+    info = json.loads(run(capsys, "runs", "get", run_id, "-o", "json")[1])
+    assert info["status"] == "failed" and "step 0:" in info["error"]
+    assert "more than the 30% allowed" in info["error"] and "mostly broken grader" in info["error"]
+    assert run(capsys, "runs", "metrics", run_id, "-o", "json")[1].strip() == "[]"  # no row for the refused step
 
 
 def test_evaluations_score_bundles_in_the_sandbox_too(tiny_model_dir, bundle):

@@ -73,8 +73,10 @@ def parse_reward(spec: str) -> dict:
     ref, _, weight = spec.partition("=")
     if not ref:
         raise StropError(f"--reward {spec!r}: give a grader reference such as builtin:gsm8k or ./scoring#reward")
+    from strop.scoring.bundles import absolute_ref
     try:
-        return {"grader": ref, "weight": float(weight) if weight else 1.0}
+        # absolute, so config.json and the sandboxed workers (which run elsewhere) name the same folder
+        return {"grader": absolute_ref(ref), "weight": float(weight) if weight else 1.0}
     except ValueError:
         raise StropError(f"--reward {spec!r}: the weight after '=' must be a number, e.g. builtin:gsm8k=1.0") from None
 

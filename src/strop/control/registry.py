@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -105,10 +106,22 @@ def get_bundle(ref: str) -> dict:
 
 
 def bundle_dir(ref: str) -> tuple[Path, dict]:
-    """A folder holding the bundle version's files, extracted once per sha256 under $STROP_HOME/bundles."""
+    """A folder holding the bundle version's files, extracted once per sha256 under $STROP_HOME/bundles.
+
+    The folder is re-hashed on every use (as `put_dir` hashes): a copy edited since it was unpacked would grade
+    with code nobody registered, so it is set aside and unpacked again from the checked artifact."""
     from strop.paths import strop_home
     version = get_bundle(ref)
     dest = strop_home() / "bundles" / version["sha256"]
+    if dest.exists() and artifacts.dir_sha256(dest) != version["sha256"]:
+        print(f"warning: the unpacked bundle {version['ref']} in {dest} was changed after it was unpacked; "
+              f"unpacking it again from the registered content", file=sys.stderr)
+        aside = dest.with_name(f".{dest.name}.changed-{os.getpid()}")
+        try:
+            os.rename(dest, aside)
+        except OSError:  # another process set it aside first
+            pass
+        shutil.rmtree(aside, ignore_errors=True)
     if not dest.exists():
         # two workers may unpack the same version at once: each unpacks into its own folder, and the one whose
         # rename loses finds the winner's identical copy in place
@@ -148,9 +161,16 @@ def delete(kind: str, ref: str) -> dict:
         if kind == "dataset":
             ids = [v.id for v in versions]
             users += [f"evaluation {e}" for e in s.scalars(select(Evaluation.id).where(Evaluation.dataset_version_id.in_(ids)))]
+        else:
+            # an evaluation keeps its grader as typed ('bundle:NAME[@VERSION]#MODULE:FUNCTION'); NAME alone was
+            # whichever version was latest then, so it counts as using every version
+            for evaluation_id, grader in s.execute(select(Evaluation.id, Evaluation.grader_ref)
+                                                   .where(Evaluation.grader_ref.like("bundle:%"))):
+                if _bundle_target(grader) in refs | {name}:
+                    users.append(f"evaluation {evaluation_id}")
         for project in s.scalars(select(Project)):
-            setting = project.eval_dataset if kind == "dataset" else (project.eval_grader or "").removeprefix("bundle:")
-            target = (setting or "").partition("#")[0]
+            target = (project.eval_dataset or "").partition("#")[0] if kind == "dataset" else \
+                _bundle_target(project.eval_grader)
             if target in refs or target == name:  # NAME alone means its latest version: any deletion changes it
                 users.append(f"project {project.name} (its evaluation settings)")
         if users:
@@ -168,6 +188,12 @@ def delete(kind: str, ref: str) -> dict:
     for sha in shas - still:
         artifacts.remove(sha)
     return {"deleted": sorted(refs), "filesRemoved": len(shas - still)}
+
+
+def _bundle_target(grader: str | None) -> str:
+    """'bundle:NAME@2#reward:compute_score' -> 'NAME@2'; '' for a builtin grader or none."""
+    grader = (grader or "").strip()
+    return grader[len("bundle:"):].partition("#")[0] if grader.startswith("bundle:") else ""
 
 
 # ---- shared ----------------------------------------------------------------------------------------------

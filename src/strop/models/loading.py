@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -42,6 +43,8 @@ _DEFAULT_HUB_TIMEOUT_S = 5.0
 # Files a causal LM needs; skips duplicates like pytorch_model.bin, onnx/, gguf and original/ checkpoints.
 _HUB_ALLOW = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
 _HUB_IGNORE = ["*/*"]
+# The Hub's id syntax: an optional owner, then a name; neither starts with '.' or '-' nor holds '--' or '..'.
+HUB_ID_RE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?/)?[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
 
 
 def resolve_model(model_id: str, *, download: bool = True) -> Path:
@@ -66,6 +69,12 @@ def resolve_model(model_id: str, *, download: bool = True) -> Path:
         if _looks_like_path(model_id):
             raise _not_found(model_id, tried, is_path=True)
 
+    if model_id != TINY_MODEL and find_entry(model_id) is None and not HUB_ID_RE.fullmatch(model_id):
+        # refuse here, before the Hub is asked and before the "select it" advice repeats a malformed id
+        raise ModelNotFoundError(
+            f"Base model {model_id!r} is not a model id: a Hub id is NAME or ORG/NAME of letters, digits, '.', '_' "
+            f"and '-' (e.g. {DEFAULT_MODEL!r}), a local model folder must exist, or pick a name from "
+            f"`strop base-models list` ({TINY_MODEL!r} needs no network).")
     cached = cache_path(model_id)
     if model_id == TINY_MODEL:
         return _tiny(cached)

@@ -74,6 +74,21 @@ def load_grader(ref: str) -> Callable[..., float]:
     return load_bundle(directory, module, function)
 
 
+def absolute_ref(ref: str) -> str:
+    """`ref` with a relative bundle directory made absolute, so it names the same folder in a process with another
+    working directory (the sandbox's workers run in a temporary one). Built-in graders, registry names and paths
+    that are not directories come back unchanged, for load_grader to accept or explain."""
+    ref = str(ref).strip()
+    if ref.startswith("builtin:"):
+        return ref
+    prefix = "bundle:" if ref.startswith("bundle:") else ""
+    directory, module, function = split_ref(ref[len(prefix):])
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        return ref
+    return f"{prefix}{path.resolve()}#{module}:{function}"
+
+
 def split_ref(ref: str) -> tuple[str, str, str]:
     """'PATH#MODULE:FUNCTION' -> (PATH, MODULE, FUNCTION), filling in the defaults for omitted parts."""
     # A directory whose name holds '#' is still a plain PATH.
@@ -119,6 +134,11 @@ def load_bundle(
     if not callable(fn):
         raise BundleError(f"{function!r} in {file} is a {type(fn).__name__}, not a function: define "
                           f"`def {EXPECTED_SIGNATURE}:` returning a number.")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        # a call would return a coroutine, not a number: every score would fail, so refuse it up front
+        raise BundleError(f"grader {function!r} in {file} is an `async def`; graders are called synchronously and "
+                          f"must return a number. Define it with plain `def {EXPECTED_SIGNATURE}:` (run any "
+                          f"async work inside it with asyncio.run).")
     problem = signature_problem(fn)
     if problem:
         raise BundleError(f"grader {function!r} in {file} has the wrong signature: {problem}. Define "

@@ -9,6 +9,11 @@ Each worker is a fresh `python -m strop.scoring.sandbox WORKER` process with:
 - an address-space limit (`memory_mb`; an allocation past it raises MemoryError inside the grader),
 - its standard output taken for the protocol (a grader's prints go to its log, not into the answers).
 
+The process that starts a pool is made non-dumpable (Linux), so a grader running as the same user cannot read
+the parent's secrets through /proc/PPID/environ or mem; the world-readable /proc files that liveness checks
+read (stat, cmdline) stay readable. A worker started by root gives up its capabilities before it execs, since
+CAP_SYS_PTRACE would read a non-dumpable process anyway.
+
 A call that does not answer within `timeout` seconds gets its worker killed; a worker that dies (a segfault,
 `os._exit`) is noticed at once. Either way the call raises `SandboxError` with the reason and the next call
 starts a new worker. `score_terms` turns that into a 0 score recorded with the completion and counted in
@@ -37,6 +42,39 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_MEMORY_MB = 2048
 
 
+PR_SET_DUMPABLE, PR_CAPBSET_DROP = 4, 24
+
+
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc if hasattr(libc, "prctl") else None
+    except OSError:
+        return None
+
+
+# Loaded once here: a worker's pre-exec hook runs in a forked child, where loading a library is not safe.
+_LIBC = _libc()
+
+
+def make_undumpable() -> bool:
+    """prctl(PR_SET_DUMPABLE, 0) on this process: its /proc/PID/environ and mem need CAP_SYS_PTRACE to read, not
+    just the same user. Best effort; False where it is not Linux or the call failed."""
+    return _LIBC is not None and _LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+
+
+def _drop_capabilities() -> None:
+    """Empty the capability bounding set of a worker about to exec, so a grader run as root holds no
+    capabilities (CAP_SYS_PTRACE would read a non-dumpable parent's environ anyway). Best effort."""
+    if _LIBC is not None:
+        for cap in range(64):
+            if _LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                break  # EINVAL past the last capability, EPERM without CAP_SETPCAP: nothing more to do
+
+
 class SandboxError(StropError):
     """One sandboxed grader call failed: it raised, hung, crashed its worker, or returned nothing usable."""
 
@@ -56,6 +94,7 @@ class _Worker:
             import resource
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
             os.setsid()  # its own process group: a grader's children die with it
+            _drop_capabilities()
 
         self.proc = subprocess.Popen([sys.executable, "-m", "strop.scoring.sandbox"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, env=env, cwd=str(log_dir),
@@ -104,6 +143,7 @@ class SandboxPool:
             raise StropError(f"sandbox settings: timeout > 0, memory_mb >= 64 and workers >= 1; got {timeout}, "
                              f"{memory_mb}, {workers}")
         self.timeout, self.memory_mb = timeout, memory_mb
+        make_undumpable()  # before any worker exists: graders run as our user and could read our /proc files
         self._dir = Path(tempfile.mkdtemp(prefix="strop-sandbox-"))
         self._idle: list[_Worker] = []
         self._slots = threading.Semaphore(workers)
@@ -112,6 +152,9 @@ class SandboxPool:
 
     def grader(self, ref: str):
         """A callable with the compute_score signature that runs `ref` in the sandbox."""
+        from strop.scoring.bundles import absolute_ref
+        ref = absolute_ref(ref)  # the workers run in a temporary folder: a relative path would name nothing there
+
         def compute_score(data_source=None, solution_str=None, ground_truth=None, extra_info=None):
             return self.call(ref, {"data_source": data_source, "solution_str": solution_str,
                                    "ground_truth": ground_truth, "extra_info": extra_info})
@@ -120,8 +163,9 @@ class SandboxPool:
 
     def check(self, ref: str) -> None:
         """Load `ref` in a worker; StropError with the reason (import error, missing function) when it fails."""
+        from strop.scoring.bundles import absolute_ref
         try:
-            self.call(ref, None)
+            self.call(absolute_ref(ref), None)
         except SandboxError as exc:
             raise StropError(f"grader {ref}: {exc}") from None
 

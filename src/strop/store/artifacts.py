@@ -81,16 +81,19 @@ def put_dir(path: str | os.PathLike) -> str:
         raise ArtifactError(f"cannot store {str(root)!r} as a directory: it is not one. Pass a folder's path.")
     entries = list(_walk(root))
     with _staged() as staging:
-        # PAX: long and non-ASCII names are stored exactly, and with the fields below it adds nothing variable.
-        with tarfile.open(fileobj=staging, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for relative, full in entries:
-                info = _tar_info(relative, full)
-                if info.isfile():
-                    with open(full, "rb") as src:
-                        tar.addfile(info, src)
-                else:
-                    tar.addfile(info)
+        _write_tar(entries, staging)
     return _commit(staging)
+
+
+def dir_sha256(path: str | os.PathLike) -> str:
+    """The sha256 that `put_dir` would give the directory at `path`, without storing anything: compare it with a
+    version's sha256 to tell whether an unpacked copy still holds exactly that version."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise ArtifactError(f"cannot hash {str(root)!r} as a directory: it is not one. Pass a folder's path.")
+    hashing = _Hashing()
+    _write_tar(list(_walk(root)), hashing)
+    return hashing.hasher.hexdigest()
 
 
 def exists(sha256: str) -> bool:
@@ -172,6 +175,33 @@ def _hash_file(path: Path) -> str:
         while chunk := handle.read(CHUNK):
             hasher.update(chunk)
     return hasher.hexdigest()
+
+
+def _write_tar(entries: list[tuple[str, Path]], out) -> None:
+    # PAX: long and non-ASCII names are stored exactly, and with the fields in _tar_info it adds nothing variable.
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for relative, full in entries:
+            info = _tar_info(relative, full)
+            if info.isfile():
+                with open(full, "rb") as src:
+                    tar.addfile(info, src)
+            else:
+                tar.addfile(info)
+
+
+class _Hashing:
+    """A write-only sink that keeps only the sha256 of what tarfile writes to it."""
+
+    def __init__(self) -> None:
+        self.hasher, self.size = hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.hasher.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
 
 
 class _Staging:
