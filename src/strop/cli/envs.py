@@ -65,6 +65,8 @@ def register(nouns) -> None:
     serve.add_argument("--port", type=int, default=8010, help="port (default: %(default)s)")
     serve.add_argument("--seed", type=int, default=0, help="environment seed (default: %(default)s)")
     serve.add_argument("--api-key-env", metavar="VAR", help="require the key held in environment variable VAR")
+    serve.add_argument("--max-message-bytes", type=int, metavar="N",
+                       help="refuse request bodies and WebSocket frames over N bytes (default: 1048576)")
     serve.set_defaults(handler=_serve)
 
 
@@ -174,13 +176,22 @@ def _eval(args) -> int:
 def _serve(args) -> int:
     import os
 
-    from strop.envs.openenv_server import serve_env
+    from strop.envs.openenv_server import MAX_MESSAGE_BYTES, serve_env
     from strop.errors import StropError
+    from strop.serve.server import exposure_warning
+    if args.max_message_bytes is None:
+        args.max_message_bytes = MAX_MESSAGE_BYTES
+    if args.max_message_bytes < 1:
+        raise StropError(f"--max-message-bytes must be at least 1, got {args.max_message_bytes}")
     key = None
     if args.api_key_env:
         key = os.environ.get(args.api_key_env)
         if not key:
             raise StropError(f"--api-key-env {args.api_key_env}: that variable is not set")
+    warning = exposure_warning(args.host, key)
+    if warning:
+        note(warning)
     note(f"serving {args.name} on ws://{args.host}:{args.port}/ws (Ctrl-C stops it)")
-    serve_env(args.name, host=args.host, port=args.port, api_key=key, options={"seed": args.seed})
+    serve_env(args.name, host=args.host, port=args.port, api_key=key, options={"seed": args.seed},
+              max_message_bytes=args.max_message_bytes)
     return 0

@@ -7,6 +7,7 @@ import os
 
 from strop.cli.output import note
 from strop.errors import StropError
+from strop.serve.server import MAX_BODY, MAX_TOKENS_LIMIT, exposure_warning
 
 
 def register(nouns) -> None:
@@ -21,25 +22,47 @@ def register(nouns) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     p.add_argument("--api-key-env", metavar="VAR", help="require the key held in environment variable VAR")
+    p.add_argument("--max-tokens-limit", type=int, default=MAX_TOKENS_LIMIT, metavar="N",
+                   help="refuse requests asking for more than N completion tokens (default: %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=MAX_BODY, metavar="N",
+                   help="refuse request bodies over N bytes (default: %(default)s)")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
     from strop.control.evaluations import resolve_model
     from strop.serve import make_server
+    for flag, value in (("--max-tokens-limit", args.max_tokens_limit), ("--max-body-bytes", args.max_body_bytes)):
+        if value < 1:
+            raise StropError(f"{flag} must be at least 1, got {value}")
     key = None
     if args.api_key_env:
         key = os.environ.get(args.api_key_env)
         if not key:
             raise StropError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset")
+    if args.model.startswith("model-"):
+        _require_model(args.model)  # named here as the MODEL argument, not as the --model flag of evaluations
     model = resolve_model(args.model)
     if model.get("openai"):
         raise StropError(f"{args.model!r} is already an endpoint; serve a modelId or a selected base model")
+    warning = exposure_warning(args.host, key)
+    if warning:
+        note(warning)
     server = make_server(model["baseModel"], base_path=model["basePath"], adapter=model["adapter"], host=args.host,
-                         port=args.port, api_key=key, name=args.model)
+                         port=args.port, api_key=key, name=args.model, max_body=args.max_body_bytes,
+                         max_tokens_limit=args.max_tokens_limit)
     note(f"serving {args.model} on http://{args.host}:{server.server_port}/v1 (Ctrl-C stops it)")
     try:
         server.serve_forever()
     finally:
         server.server_close()
     return 0
+
+
+def _require_model(model_id: str) -> None:
+    from strop.control import models
+    try:
+        models.get(model_id)
+    except StropError:
+        raise StropError(f"MODEL {model_id!r}: no such tuned model; `strop models list` shows the tuned models, and "
+                         f"`strop base-models list` the base models you can serve") from None

@@ -8,8 +8,9 @@ use a base or tuned model by URL.
 Endpoints: GET /v1/models, POST /v1/chat/completions (messages, max_tokens, temperature, top_p, n, stop, seed,
 response_format: json_object or json_schema, enforced by grammar-constrained decoding; tools, answered with
 `tool_calls` when the model writes Hermes-style <tool_call> blocks).
-It binds to 127.0.0.1 unless told otherwise, checks `Authorization: Bearer KEY` when given a key, and refuses
-request bodies over `max_body` bytes. Requests are served one generation at a time (one model, one CPU).
+It binds to 127.0.0.1 unless told otherwise, checks `Authorization: Bearer KEY` when given a key, refuses
+request bodies over `max_body` bytes (413) and `max_tokens` over `max_tokens_limit` (400). Requests are served
+one generation at a time (one model, one CPU).
 """
 
 from __future__ import annotations
@@ -22,6 +23,28 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MAX_BODY = 1 << 20
+# One request's completion budget: far above any chat answer, far below what would hold the one generation
+# slot (and everyone queued behind it) for an hour on a CPU.
+MAX_TOKENS_LIMIT = 4096
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps a server on this machine ('localhost', 127.x.x.x, ::1)."""
+    import ipaddress
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, api_key: str | None, key_flag: str = "--api-key-env VAR") -> str | None:
+    """The warning a server bound beyond this machine without a key deserves, or None."""
+    if api_key or is_loopback(host):
+        return None
+    return (f"warning: listening on {host}, reachable from other machines, with no API key: anyone who can reach "
+            f"this port can use it. Pass {key_flag}, or bind --host 127.0.0.1.")
 
 
 def schema_of(response_format) -> dict | None:
@@ -75,10 +98,11 @@ class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
     close_wait = 60.0  # seconds server_close waits for a generation in flight before it leaves the thread be
 
-    def __init__(self, address, sampler, renderer, model_name: str, api_key: str | None, max_body: int):
+    def __init__(self, address, sampler, renderer, model_name: str, api_key: str | None, max_body: int,
+                 max_tokens_limit: int = MAX_TOKENS_LIMIT):
         super().__init__(address, _Handler)
         self.sampler, self.renderer, self.model_name = sampler, renderer, model_name
-        self.api_key, self.max_body = api_key, max_body
+        self.api_key, self.max_body, self.max_tokens_limit = api_key, max_body, max_tokens_limit
         self.lock = threading.Lock()
         self._live: dict[threading.Thread, socket.socket] = {}
         self._live_lock = threading.Lock()
@@ -118,6 +142,9 @@ class ModelServer(ThreadingHTTPServer):
         n = body.get("n") or 1
         if not isinstance(max_tokens, int) or max_tokens < 1 or not isinstance(n, int) or not 1 <= n <= 16:
             raise ValueError("'max_tokens' must be a positive integer and 'n' between 1 and 16")
+        if max_tokens > self.max_tokens_limit:
+            raise ValueError(f"'max_tokens' {max_tokens} is over this server's limit of {self.max_tokens_limit}; ask "
+                             f"for fewer, or restart the server with a higher --max-tokens-limit")
         stop = body.get("stop")
         extra = [stop] if isinstance(stop, str) else list(stop or [])  # the client's stops cut the text below
         tools = tools_of(body.get("tools"))
@@ -194,6 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         length = int(self.headers.get("Content-Length") or 0)
         if length > self.server.max_body:
+            self.close_connection = True  # the unread body must not be taken for the next request
             self._error(413, f"request body of {length} bytes is over the limit of {self.server.max_body}")
             return
         try:
@@ -207,7 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def make_server(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                 adapter: str | None = None, base_path: str | None = None, name: str | None = None,
-                max_body: int = MAX_BODY) -> ModelServer:
+                max_body: int = MAX_BODY, max_tokens_limit: int = MAX_TOKENS_LIMIT) -> ModelServer:
     """A server for `model` (a base model id or folder), optionally with a LoRA adapter directory on top."""
     import strop
     from strop import model_info
@@ -216,4 +244,4 @@ def make_server(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_ke
     base = base_path or model
     sampler = strop.ServiceClient().create_sampling_client(base_model=base, model_path=adapter)
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(base))
-    return ModelServer((host, port), sampler, renderer, name or model, api_key, max_body)
+    return ModelServer((host, port), sampler, renderer, name or model, api_key, max_body, max_tokens_limit)
