@@ -145,3 +145,29 @@ def test_a_run_on_another_host_is_not_judged_here(workspace, capsys):  # noqa: F
     local = _stored_run("running", gone.pid, this_host())
     info = json.loads(run(capsys, "runs", "get", local, "-o", "json")[1])
     assert info["status"] == "failed" and "died" in info["error"]
+
+
+def test_an_evaluation_on_another_host_is_not_judged_here(workspace, capsys):  # noqa: F811
+    import subprocess
+    import sys
+
+    from sqlalchemy import select
+
+    from strop.control.processes import this_host
+    from strop.store import open_store, session_scope
+    from strop.store.schema import Dataset, DatasetVersion, Evaluation
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    ids = {}
+    with session_scope(open_store()) as s:
+        version = s.scalar(select(DatasetVersion).join(Dataset).where(Dataset.name == "arith/train"))
+        for host in ("gpu-box-b", this_host()):
+            row = Evaluation(model_ref="strop/tiny-random", dataset_version_id=version.id, grader_ref="builtin:gsm8k",
+                             status="running", worker_pid=gone.pid, worker_host=host)
+            s.add(row)
+            s.flush()
+            ids[host] = row.id
+    remote = json.loads(run(capsys, "evaluations", "get", ids["gpu-box-b"], "-o", "json")[1])
+    assert remote["status"] == "running" and remote["error"] is None
+    local = json.loads(run(capsys, "evaluations", "get", ids[this_host()], "-o", "json")[1])
+    assert local["status"] == "failed" and "died" in local["error"]

@@ -109,7 +109,8 @@ def start(model: str, dataset: str, grader: str = "builtin:gsm8k", *, samples: i
         evaluation_id = evaluation.id
     pid = processes.spawn(WORKER, evaluation_id, eval_dir(evaluation_id) / "worker.log")
     with session_scope(open_store()) as s:
-        s.get(Evaluation, evaluation_id).worker_pid = pid
+        evaluation = s.get(Evaluation, evaluation_id)
+        evaluation.worker_pid, evaluation.worker_host = pid, processes.this_host()
     return get(evaluation_id)
 
 
@@ -117,7 +118,8 @@ def _load(s, evaluation_id: str) -> Evaluation:
     evaluation = s.get(Evaluation, evaluation_id)
     if evaluation is None:
         raise EvaluationError(f"no evaluation {evaluation_id!r}")
-    if evaluation.status in ("pending", "running") and evaluation.worker_pid \
+    here = not evaluation.worker_host or evaluation.worker_host == processes.this_host()  # else its /proc knows
+    if evaluation.status in ("pending", "running") and evaluation.worker_pid and here \
             and not processes.alive(evaluation.worker_pid, WORKER, evaluation_id):
         evaluation.status, evaluation.finished_at = "failed", utcnow()
         evaluation.error = f"the worker died without finishing; see {eval_dir(evaluation_id) / 'worker.log'}"

@@ -294,6 +294,7 @@ class Evaluation(Base):
     samples: Mapped[int] = mapped_column(Integer, default=1)
     summary: Mapped[dict[str, Any] | None] = mapped_column()
     worker_pid: Mapped[int | None] = mapped_column(Integer)
+    worker_host: Mapped[str | None] = mapped_column(String(HOST_LEN))  # as for runs: whose /proc knows
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()

@@ -1,4 +1,4 @@
-"""Runs record the host their worker runs on, so only that machine judges whether the worker is still alive.
+"""Runs and evaluations record the host their worker runs on, so only that machine judges whether the worker is still alive.
 
 Revision ID: 0003
 Revises: 0002
@@ -16,11 +16,16 @@ branch_labels = None
 depends_on = None
 
 
+TABLES = ("runs", "evaluations")
+
+
 def upgrade() -> None:
-    with op.batch_alter_table("runs") as table:
-        table.add_column(sa.Column("worker_host", sa.String(length=255), nullable=True))
+    for name in TABLES:
+        with op.batch_alter_table(name) as table:
+            table.add_column(sa.Column("worker_host", sa.String(length=255), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("runs") as table:
-        table.drop_column("worker_host")
+    for name in TABLES:
+        with op.batch_alter_table(name) as table:
+            table.drop_column("worker_host")
