@@ -10,6 +10,7 @@ from strop import model_info
 from strop.renderers import get_renderer
 from strop.renderers.tools import hermes_messages, parse_tool_calls
 from strop.rl import GRPOConfig, run_grpo
+from strop.errors import StropError
 from strop.rl.multiturn import Episode, Turn, episode_datums, run_episodes
 from strop.tokenizer_utils import get_tokenizer
 from test_control import home, workspace  # noqa: F401 - fixtures of the control-plane tests
@@ -129,3 +130,21 @@ def test_an_environment_run_accepts_a_kl_penalty(tiny_model_dir, tmp_path):
                         batch_size=2, group_size=2, max_steps=1, max_completion_length=8, kl_beta=0.05, seed=0)
     assert config.validate() == []
     assert [m["step"] for m in run_grpo(config, tmp_path / "run", progress=False).metrics] == [0]
+
+
+def test_environment_errors_are_kept_and_too_many_fail_the_step_before_its_update():
+    from strop.rl.multiturn import _act, check_environment_errors
+
+    class Broken:
+        def step(self, call):
+            raise RuntimeError("database is gone")
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    episodes = [Episode(task=None, messages=[]) for _ in range(4)]
+    observation = _act(episodes[0], Broken(), call)
+    assert "database is gone" in observation and not episodes[0].done  # the model sees it and may go on
+    assert episodes[0].environment_errors == ["RuntimeError: database is gone"]
+    check_environment_errors(episodes, 0.5, step=3)  # 1 of 4: under the limit
+    _act(episodes[1], Broken(), call)
+    _act(episodes[2], Broken(), call)
+    with pytest.raises(StropError, match=r"(?s)step 3: 3 of 4 episodes met an environment error.*database is gone"):
+        check_environment_errors(episodes, 0.5, step=3)

@@ -21,6 +21,7 @@ import torch
 
 from strop import types
 from strop.envs.base import Task, ToolCall
+from strop.errors import StropError
 from strop.renderers import get_text_content
 from strop.renderers.tools import STOP, parse_tool_calls
 
@@ -47,6 +48,7 @@ class Episode:
     state: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
     parse_errors: int = 0
+    environment_errors: list[str] = field(default_factory=list)  # a tool call the environment raised on
 
     @property
     def model_tokens(self) -> int:
@@ -109,6 +111,8 @@ def _act(episode: Episode, env, text: str) -> str:
         return problems[0] + " Write the call again as valid JSON." if problems else NO_CALL
     result = call_tool_safely(env, calls[0])
     observation = result.observation.content
+    if result.info.get("environmentError"):
+        episode.environment_errors.append(str(result.info["environmentError"]))
     if len(calls) > 1:
         observation += f"\n(only the first of your {len(calls)} tool calls was run; make one call per turn)"
     if result.done:
@@ -157,8 +161,9 @@ def call_tool_safely(env, call: ToolCall):
         return env.step(call)
     except Exception as exc:  # noqa: BLE001
         from strop.envs.base import Observation, StepResult
-        return StepResult(observation=Observation(f"the environment failed: {type(exc).__name__}: {exc}"),
-                          info={"environmentError": True})
+        reason = f"{type(exc).__name__}: {exc}"
+        return StepResult(observation=Observation(f"the environment failed: {reason}"),
+                          info={"environmentError": reason})
 
 
 class EnvPool:
@@ -175,6 +180,17 @@ class EnvPool:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def check_environment_errors(episodes, limit: float, step: int) -> None:
+    """Fail the run when more than `limit` of this step's episodes ended in an environment error (their reward
+    is 0 and says nothing about the policy), showing the first errors."""
+    errors = [e.environment_errors[0] for e in episodes if e.environment_errors]
+    if episodes and len(errors) / len(episodes) > limit:
+        first = "\n  ".join(list(dict.fromkeys(errors))[:3])
+        raise StropError(f"step {step}: {len(errors)} of {len(episodes)} episodes met an environment error, "
+                         f"more than the {limit:.0%} allowed (max_reward_error_fraction / "
+                         f"config.reward.maxErrorFraction); first errors:\n  {first}")
 
 
 def train_env_step(step: int, tasks: list[Task], config, training, renderer, pool: EnvPool, adam, log, epoch,
@@ -208,8 +224,9 @@ def train_env_step(step: int, tasks: list[Task], config, training, renderer, poo
         if kl_G is not None:
             kl_values.extend(v for episode in kl_G for turn in episode for v in turn)
         datums.extend(episode_datums(episodes, advantages_G, kl_G, config.kl_beta))
-    fb_metrics, optim_metrics, train_seconds = apply_update(training, datums, config, adam)
     episodes = [e for group in groups for e in group]
+    check_environment_errors(episodes, config.max_reward_error_fraction, step)  # before the update, not after
+    fb_metrics, optim_metrics, train_seconds = apply_update(training, datums, config, adam)
     turns = [t for e in episodes for t in e.turns]
     n_tokens = sum(len(t.tokens) for t in turns)
     rewards = [e.reward for e in episodes]
@@ -217,7 +234,7 @@ def train_env_step(step: int, tasks: list[Task], config, training, renderer, poo
         "step": step, "epoch": epoch, "reward": statistics.fmean(rewards), "rewardStd": statistics.pstdev(rewards),
         f"reward/{pool.name}": statistics.fmean(rewards),
         "zeroVarianceGroups": zero_var / len(groups),
-        "rewardErrors": sum(1 for e in episodes if e.info.get("environmentError")),
+        "rewardErrors": sum(1 for e in episodes if e.environment_errors),
         "toolCallParseErrors": sum(e.parse_errors for e in episodes) / len(episodes),
         "modelTurns": len(turns) / len(episodes),
         "completionLength": n_tokens / len(episodes),
