@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
+from strop.engine import lora_linear
 from strop.engine.sampler import AdapterWeights, cache_keyword
 from strop.errors import StropError
 from strop.rl import losses
@@ -235,6 +236,7 @@ class LoraTrainer:
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # PEFT calls a deprecated name
             torch.manual_seed(seed)
             self.model = get_peft_model(base, self.config)
+        lora_linear.install(self.model)
         self.model.train()
         self.compute_dtype = compute_dtype
         self.max_tokens_per_batch = max_tokens_per_batch
