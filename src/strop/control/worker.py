@@ -164,10 +164,10 @@ def main(run_id: str) -> int:
                           artifact_sha256=sha)
             s.add(model)
             s.flush()
-            row = s.get(Run, run_id)
-            row.status, row.finished_at, row.model_id = "succeeded", utcnow(), model.id
-            model_id = model.id
+            s.get(Run, run_id).model_id = model_id = model.id
+        # started before the run shows succeeded: whoever waits for the run then finds its evaluation listed
         evaluate_at_end(run, model_id, result.steps, config.max_completion_length)
+        _set(run_id, status="succeeded", finished_at=utcnow())
         return 0
     except Cancelled:
         _set(run_id, status="cancelled", finished_at=utcnow())
