@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from strop.evals.compare import ComparisonError, compare, comparison_table
 from strop.evals.config import EvalConfigError, load_eval_config
 from strop.evals.tables import ResultsError, write_tables
+from loopback import chat_completion, send_json
 from test_control import home, run, rows_file  # noqa: F401 - the fixture and helpers of the control-plane tests
 
 
@@ -191,23 +192,15 @@ class _Endpoint(BaseHTTPRequestHandler):
             status, payload = 400, {"error": {"message": "this one is refused", "type": "invalid_request_error"}}
         else:
             answer = int(question.split()[2]) + 1
-            status, payload = 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                    "choices": [{"index": 0, "finish_reason": "stop",
-                                                 "message": {"role": "assistant", "content": f"#### {answer}"}}],
-                                    "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}}
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            status, payload = 200, chat_completion(body["model"], {"content": f"#### {answer}"}, completion_tokens=3)
+        send_json(self, status, payload)
 
     def log_message(self, *args):
         pass
 
 
 def test_failed_requests_fail_or_flag_an_evaluation_and_strop_report_writes_files(home, tmp_path, capsys):  # noqa: F811
-    from test_evals import closed_port
+    from loopback import closed_port
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}/v1"

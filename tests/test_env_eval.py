@@ -6,6 +6,7 @@ import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from loopback import chat_completion, send_json
 from strop.evals.envs import evaluate_env
 
 
@@ -21,17 +22,8 @@ class _ToolCaller(BaseHTTPRequestHandler):
         else:
             n = int(re.search(r"What is (\d+)", messages[0]["content"]).group(1))
             call = {"name": "add", "arguments": json.dumps({"a": n, "b": 2})}
-        payload = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                   "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                       "role": "assistant", "content": None,
-                       "tool_calls": [{"id": f"call-{len(messages)}", "type": "function", "function": call}]}}],
-                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        tool_calls = [{"id": f"call-{len(messages)}", "type": "function", "function": call}]
+        send_json(self, 200, chat_completion(body["model"], {"content": None, "tool_calls": tool_calls}, "tool_calls"))
 
     def log_message(self, *args):
         pass

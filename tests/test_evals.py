@@ -2,7 +2,6 @@
 real openai client over loopback (URL checks, retries with backoff, an unreachable server)."""
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +13,7 @@ from strop.errors import StropError
 from strop.evals import evaluate_local, pass_at_k, summarize
 from strop.evals.openai_client import evaluate_openai, parse_openai_ref
 from strop.evals.runner import EvalItem
+from loopback import chat_completion, closed_port, send_json
 
 
 def test_pass_at_k_by_hand():
@@ -61,13 +61,6 @@ def test_endpoint_urls_are_checked_up_front():
         assert str(err.value).count("\n") == 0 and ref in str(err.value)  # one clear line naming the input
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on: bound, then released."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Flaky(BaseHTTPRequestHandler):
     """Answers 503 to the first `server.failures` requests, then a right answer."""
 
@@ -77,16 +70,8 @@ class _Flaky(BaseHTTPRequestHandler):
         if len(self.server.arrivals) <= self.server.failures:
             status, payload = 503, {"error": {"message": "overloaded", "type": "server_error"}}
         else:
-            status, payload = 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                    "choices": [{"index": 0, "finish_reason": "stop",
-                                                 "message": {"role": "assistant", "content": "1 + 1 = 2. #### 2"}}],
-                                    "usage": {"prompt_tokens": 1, "completion_tokens": 9, "total_tokens": 10}}
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            status, payload = 200, chat_completion(body["model"], {"content": "1 + 1 = 2. #### 2"}, completion_tokens=9)
+        send_json(self, status, payload)
 
     def log_message(self, *args):
         pass

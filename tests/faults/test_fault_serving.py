@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from loopback import post_json
 from test_control import home, run  # noqa: F401 - the fixture and the CLI runner of the control-plane tests
 
 from strop.cli.main import build_parser
@@ -28,14 +29,7 @@ def server(tiny_model_dir):
 
 
 def post(srv, body: bytes, key: str | None = "sekret", path: str = "/v1/chat/completions"):
-    request = urllib.request.Request(f"http://127.0.0.1:{srv.server_port}{path}", data=body, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {key}"} if key else {})})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    return post_json(srv.server_port, body, key, path)
 
 
 def test_loopback_unless_told_otherwise(server):
@@ -139,7 +133,7 @@ def test_strop_serve_as_a_user_starts_it(tiny_selected):
         for key in ("wrong", "unused"):
             with pytest.raises(AuthenticationError):
                 OpenAI(base_url=url, api_key=key, max_retries=0).models.list()
-        status, _ = post_to(port, json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), key=None)
+        status, _ = post_json(port, json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), key=None)
         assert status == 401
         client = OpenAI(base_url=url, api_key="sekret", max_retries=0)
         reply = client.chat.completions.create(model="strop/tiny-random", max_tokens=4,
@@ -148,23 +142,12 @@ def test_strop_serve_as_a_user_starts_it(tiny_selected):
         with pytest.raises(BadRequestError, match="over this server's limit of 8"):
             client.chat.completions.create(model="strop/tiny-random", max_tokens=9,
                                            messages=[{"role": "user", "content": "hi"}])
-        status, body = post_to(port, b"x" * 8192, key="sekret")
+        status, body = post_json(port, b"x" * 8192, key="sekret")
         assert status == 413 and "over the limit of 4096" in body["error"]["message"]
         assert client.models.list().data[0].id == "strop/tiny-random"  # still serving after every refusal
     finally:
         err = _stop(proc)
     assert "warning" not in err
-
-
-def post_to(port: int, body: bytes, key: str | None):
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {key}"} if key else {})})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 def test_strop_serve_warns_when_exposed_without_a_key_and_names_its_argument(tiny_selected, capsys):
