@@ -17,7 +17,7 @@ def register(nouns) -> None:
                     "fine-tune the base model with GRPO + LoRA, evaluate it on the same items, judge both with an "
                     "LLM, compare them (accuracy, paired bootstrap 95% interval, exact McNemar, judge scores, "
                     "win/tie/loss), write the SQL tables strop_eval_comparison and strop_judge_scores, and a "
-                    "dashboard and HTML report. The defaults take about 15 minutes on 2 CPU cores.",
+                    "dashboard and HTML report. The defaults took 11-12 minutes on 2 CPU cores (benchmarks/quickstart.py).",
         epilog="examples:\n  strop quickstart\n"
                "  strop quickstart --baseline openai:llama3.3-70b@http://127.0.0.1:8000/v1 --judge "
                "openai:mistral-large@http://127.0.0.1:8001/v1\n"
