@@ -130,15 +130,13 @@ def _rows(o: QuickstartOptions) -> tuple[list, list]:
                              "and training; lower --eval-n or give a folder with train.jsonl and test.jsonl")
         return rows[:-o.eval_n], rows[-o.eval_n:]
     source = "synthetic:add" if o.dataset == "synthetic" else o.dataset
+    from strop.data.gsm8k import GSM8KUnavailable
     try:
         train = load_rows(source, split="train", limit=need_train if source != "gsm8k" else None, seed=o.seed)
         test = load_rows(source, split="test", limit=o.eval_n, seed=o.seed + 1)
-    except StropError as exc:
-        if source != "gsm8k":
-            raise
+    except GSM8KUnavailable as exc:
         # the loader's own hint names `--dataset FILE`, which `strop train` takes; quickstart takes --data-file
-        reason = str(exc).split("; pass a local copy")[0].rstrip(". ")
-        raise StropError(f"--dataset gsm8k: {reason}; give a local copy instead: --data-file path/to/gsm8k.jsonl "
+        raise StropError(f"--dataset gsm8k: {exc.reason}; give a local copy instead: --data-file path/to/gsm8k.jsonl "
                          "(one {\"question\": ..., \"answer\": ...} object per line; the last --eval-n rows are "
                          "held out), or --data-file FOLDER with train.jsonl and test.jsonl") from None
     return train, test

@@ -33,6 +33,15 @@ _LOCAL_HINT = ("pass a local copy instead, e.g. --dataset path/to/test.jsonl "
                "(one {\"question\": ..., \"answer\": ...} object per line)")
 
 
+class GSM8KUnavailable(DatasetError):
+    """GSM8K could not be had from the hub; `reason` says why, without the hint (callers with other flags
+    give their own)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(f"{reason}; {_LOCAL_HINT}.")
+
+
 def fetch_split(split: str) -> Path:
     """Local path of GSM8K's `split` ("train" or "test") parquet file, from the cache or the hub."""
     if split not in SPLIT_FILES:
@@ -40,9 +49,7 @@ def fetch_split(split: str) -> Path:
     try:
         from huggingface_hub import constants, hf_hub_download
     except ImportError:
-        raise DatasetError(
-            f"fetching GSM8K needs huggingface_hub (`pip install huggingface_hub`); or {_LOCAL_HINT}."
-        ) from None
+        raise GSM8KUnavailable("fetching GSM8K needs huggingface_hub (`pip install huggingface_hub`)") from None
 
     filename = SPLIT_FILES[split]
     try:
@@ -51,16 +58,16 @@ def fetch_split(split: str) -> Path:
         pass
 
     if getattr(constants, "HF_HUB_OFFLINE", False):
-        raise DatasetError(f"GSM8K {split} split is not cached and HF_HUB_OFFLINE is set; {_LOCAL_HINT}.")
+        raise GSM8KUnavailable(f"GSM8K {split} split is not cached and HF_HUB_OFFLINE is set")
     endpoint = getattr(constants, "ENDPOINT", "https://huggingface.co")
     problem = _unreachable(endpoint)
     if problem:
-        raise DatasetError(f"cannot download GSM8K: the hub at {endpoint} is unreachable ({problem}); {_LOCAL_HINT}.")
+        raise GSM8KUnavailable(f"cannot download GSM8K: the hub at {endpoint} is unreachable ({problem})")
     try:
         return Path(hf_hub_download(HUB_REPO, filename, repo_type="dataset"))
     except Exception as e:  # the hub client raises many types (HTTP, auth, disk); all mean the same to a user
-        raise DatasetError(f"cannot download GSM8K {split} split from {HUB_REPO}: {type(e).__name__}: {e}; "
-                           f"{_LOCAL_HINT}.") from None
+        raise GSM8KUnavailable(f"cannot download GSM8K {split} split from {HUB_REPO}: {type(e).__name__}: {e}") \
+            from None
 
 
 def _unreachable(endpoint: str) -> str | None:
