@@ -91,14 +91,47 @@ def test_kl_estimates():
     assert losses.kl_penalty(lp, torch.tensor([-1.0, -1.0])).tolist() == [-0.5, 0.0]
 
 
-def test_the_fused_vocabulary_head_gives_log_softmax_its_entropy_and_its_gradient():
+@pytest.mark.parametrize("keep", [False, True], ids=["recomputed", "kept"])
+def test_the_fused_vocabulary_head_gives_log_softmax_its_entropy_and_its_gradient(keep):
     from strop.engine.trainer import _TargetLogprob
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(40, 12, dtype=torch.float64, generator=gen, requires_grad=True)
     weight = torch.randn(300, 12, dtype=torch.float64, generator=gen) * 3  # peaked distributions too
     targets = torch.randint(0, 300, (40,), generator=gen)
-    lp, entropy = _TargetLogprob.apply(hidden, weight, targets)
+    lp, entropy = _TargetLogprob.apply(hidden, weight, targets, keep)
     ref = torch.log_softmax(hidden @ weight.t(), -1)
     assert torch.allclose(lp, ref.gather(-1, targets[:, None])[:, 0])
     assert torch.allclose(entropy, -(ref.exp() * ref).sum(-1)) and not entropy.requires_grad
-    assert torch.autograd.gradcheck(lambda h: _TargetLogprob.apply(h, weight, targets)[0], (hidden,))
+    upstream = torch.randn(40, dtype=torch.float64, generator=gen)
+    (grad,) = torch.autograd.grad(lp, hidden, upstream)
+    leaf = hidden.detach().requires_grad_()
+    (expected,) = torch.autograd.grad(torch.log_softmax(leaf @ weight.t(), -1).gather(-1, targets[:, None])[:, 0],
+                                      leaf, upstream)
+    assert torch.allclose(grad, expected)
+    if not keep:  # gradcheck runs one graph's backward many times; a kept softmax is used up by its first
+        assert torch.autograd.gradcheck(lambda h: _TargetLogprob.apply(h, weight, targets, False)[0], (hidden,))
+
+
+def test_the_head_keeps_softmax_within_its_budget_and_recomputes_past_it(monkeypatch):
+    from strop.engine import trainer
+    gen = torch.Generator().manual_seed(1)
+    head = torch.nn.Linear(12, 300, bias=False).double().requires_grad_(False)
+    hidden = torch.randn(50, 12, dtype=torch.float64, generator=gen)
+    targets = torch.randint(0, 300, (50,), generator=gen)
+    monkeypatch.setattr(trainer, "HEAD_CHUNK", 16)  # 4 chunks: 16, 16, 16, 2 positions
+    kept = []
+    apply = trainer._TargetLogprob.apply
+    monkeypatch.setattr(trainer._TargetLogprob, "apply", lambda h, w, t, keep: kept.append(keep) or apply(h, w, t, keep))
+    grads = []
+    for budget in (0, 2 * 16 * 300 * 4, 1 << 30):  # none, the first two chunks, all
+        monkeypatch.setattr(trainer, "HEAD_KEEP_BYTES", budget)
+        leaf = hidden.clone().requires_grad_()
+        lp, _ = trainer._head_logprobs(head, leaf, targets)
+        lp.sum().backward()
+        grads.append(leaf.grad)
+    assert kept == [False] * 4 + [True, True, False, False] + [True] * 4
+    assert torch.allclose(grads[0], grads[1]) and torch.allclose(grads[0], grads[2])
+    with torch.no_grad():  # nothing is kept without gradients
+        kept.clear()
+        trainer._head_logprobs(head, hidden, targets)
+    assert kept == [False] * 4

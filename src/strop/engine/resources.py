@@ -9,7 +9,8 @@ The estimate adds up, for the float32 CPU path strop runs:
 - training activations kept for the backward pass, for one micro-batch (the trainer packs at most 16,384
   tokens per micro-batch, fewer when that would not fit: `plan_grpo_memory`), per token and layer as measured
   on this code (see ACTIVATION_FLOATS),
-- a chunk of vocabulary logits, and the Python/torch runtime.
+- a chunk of vocabulary logits, the softmax the trainer keeps for the backward (at most HEAD_KEEP_BYTES), and
+  the Python/torch runtime.
 Available memory is MemAvailable from /proc/meminfo, or `$STROP_MEMORY_LIMIT_MB` when set (to keep a run
 within a share of a machine, and for tests).
 """
@@ -26,6 +27,12 @@ GIB = 1 << 30
 RUNTIME_BYTES = int(0.3 * GIB)        # interpreter, torch, tokenizer, HTTP and store clients
 MAX_SAMPLER_ROWS = 64                 # SamplerEngine's default max_batch
 MAX_TOKENS_PER_MICRO_BATCH = 16384    # LoraTrainer's default max_tokens_per_batch
+# The trainer's vocabulary head (strop.engine.trainer._head_logprobs). Positions per projection: 512 x 49152
+# fp32 logits = 100 MB; in the training profile, MKL ran the 128-row product here at ~54 GFLOP/s.
+HEAD_CHUNK = 512
+# Softmax kept for the backward, per micro-batch: within it, the backward skips a second projection onto the
+# vocabulary and its exp (2,048 trained positions of SmolLM2 keep 403 MB); past it, chunks recompute.
+HEAD_KEEP_BYTES = 1 << 30
 # float32 values kept per token and layer for the backward pass, as multiples of the hidden size (H) and the
 # MLP width (I): calibrated against measured peaks (benchmarks/RESULTS.md, "memory estimate").
 ACTIVATION_FLOATS = (24, 7)
@@ -61,7 +68,8 @@ def estimate_grpo_memory(model_dir: str | Path, *, batch_size: int, group_size: 
         "weights": 2 * shape["parameters"] * 4,
         "kvCache": rows * seq * shape["layers"] * 2 * shape["kvDim"] * 4 + rows * shape["vocab"] * 4 * 3,
         "activations": tokens * shape["layers"] * per_token_layer,
-        "logitsChunk": 128 * shape["vocab"] * 4 * 4,
+        "logitsChunk": HEAD_CHUNK * shape["vocab"] * 4 * 2,
+        "headSoftmax": min(HEAD_KEEP_BYTES, tokens * shape["vocab"] * 4),
         "runtime": RUNTIME_BYTES,
     }
     return {**parts, "total": sum(parts.values()), "tokensPerMicroBatch": tokens}

@@ -8,8 +8,8 @@
 Datums are packed into micro-batches of at most `max_tokens_per_batch` tokens, so a big batch never
 materialises all its B x T x V logits at once; the losses are sums, so gradients add up across micro-batches
 exactly as one big batch would give. Rows of a micro-batch that begin with the same untrained prefix (a GRPO
-group's prompt) run that prefix once (`shared_prefixes`); the vocabulary head never keeps N x V logits for
-backward (`_TargetLogprob`).
+group's prompt) run that prefix once (`shared_prefixes`); the vocabulary head keeps the softmax of trained
+positions for backward up to HEAD_KEEP_BYTES a micro-batch and recomputes it past that (`_TargetLogprob`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from strop.engine import lora_linear
+from strop.engine.resources import HEAD_CHUNK, HEAD_KEEP_BYTES, MAX_TOKENS_PER_MICRO_BATCH
 from strop.engine.sampler import AdapterWeights, cache_keyword
 from strop.errors import StropError
 from strop.rl import losses
@@ -51,21 +52,21 @@ REQUIRED_INPUTS = {
 }
 
 
-HEAD_CHUNK = 128  # positions per vocabulary projection: 128 x 49152 fp32 logits = 25 MB
 
 
 class _TargetLogprob(torch.autograd.Function):
     """log p(target) and the entropy at N positions under a frozen vocabulary head, in as few passes over the
     N x V logits as the maths allows.
 
-    Forward: one matmul, one max, one exp, one sum and one dot per row; only the hidden states and the
-    log-normaliser are kept. Backward recomputes the logits once and forms d lp / d logits = onehot - softmax
-    in place, then one matmul back to the hidden states. (Autograd over logsumexp and gather under activation
+    Forward: one matmul, one max, one exp, one sum and one dot per row. With `keep`, the softmax is kept and
+    the backward forms d lp / d logits = onehot - softmax in place over it; without, only the hidden states and
+    the log-normaliser are kept and the backward recomputes the logits first. Then one matmul back to the
+    hidden states. (Autograd over logsumexp and gather under activation
     checkpointing took twice the passes and allocated a zeroed N x V gradient for the gather.)
     The entropy carries no gradient."""
 
     @staticmethod
-    def forward(ctx, hidden_N_H, weight_V_H, targets_N):
+    def forward(ctx, hidden_N_H, weight_V_H, targets_N, keep: bool):
         logits_N_V = _at_least_fp32(hidden_N_H @ weight_V_H.t())
         max_N = logits_N_V.amax(-1)
         logits_N_V.sub_(max_N[:, None])  # shifted, in place
@@ -75,17 +76,25 @@ class _TargetLogprob(torch.autograd.Function):
         # H = log Z - E_p[logit]: shift-invariant, so the shifted logits serve
         entropy_N = log_sum_N - torch.linalg.vecdot(exp_N_V, logits_N_V) / sum_N
         lp_N = logits_N_V.gather(-1, targets_N[:, None])[:, 0] - log_sum_N
-        ctx.save_for_backward(hidden_N_H, weight_V_H, targets_N, max_N + log_sum_N)
+        del logits_N_V
+        if keep:  # the softmax itself, for the backward: no second projection onto the vocabulary
+            ctx.save_for_backward(hidden_N_H, weight_V_H, targets_N, exp_N_V.div_(sum_N[:, None]))
+        else:
+            ctx.save_for_backward(hidden_N_H, weight_V_H, targets_N, max_N + log_sum_N)
+        ctx.keep = keep
         ctx.mark_non_differentiable(entropy_N)
         return lp_N, entropy_N
 
     @staticmethod
     def backward(ctx, grad_lp_N, _grad_entropy_N):
-        hidden_N_H, weight_V_H, targets_N, lse_N = ctx.saved_tensors
-        grad_N_V = _at_least_fp32(hidden_N_H @ weight_V_H.t())
-        grad_N_V.sub_(lse_N[:, None]).exp_().mul_(-grad_lp_N[:, None])  # -g * softmax
+        hidden_N_H, weight_V_H, targets_N, kept = ctx.saved_tensors
+        if ctx.keep:
+            grad_N_V = kept.mul_(-grad_lp_N[:, None])  # -g * softmax, over the kept softmax (used once)
+        else:
+            grad_N_V = _at_least_fp32(hidden_N_H @ weight_V_H.t())
+            grad_N_V.sub_(kept[:, None]).exp_().mul_(-grad_lp_N[:, None])  # -g * softmax
         grad_N_V[torch.arange(len(targets_N)), targets_N] += grad_lp_N  # + g * onehot(target)
-        return (grad_N_V.to(hidden_N_H.dtype) @ weight_V_H), None, None
+        return (grad_N_V.to(hidden_N_H.dtype) @ weight_V_H), None, None, None
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -93,10 +102,12 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _head_logprobs(head, hidden_N_H, targets_N):
-    """log p(target) and entropy for N positions, projecting onto the vocabulary HEAD_CHUNK at a time.
+    """log p(target) and entropy for N positions, projecting onto the vocabulary HEAD_CHUNK at a time; with
+    gradients, the first chunks within HEAD_KEEP_BYTES keep their softmax for the backward.
 
     A head that is itself trained (no LoRA model does this) goes through plain autograd instead."""
     lps, ents = [], []
+    kept_bytes = 0
     for i in range(0, hidden_N_H.shape[0], HEAD_CHUNK):
         h, t = hidden_N_H[i:i + HEAD_CHUNK], targets_N[i:i + HEAD_CHUNK]
         if head.weight.requires_grad and torch.is_grad_enabled():
@@ -105,7 +116,10 @@ def _head_logprobs(head, hidden_N_H, targets_N):
             lp = logits_N_V.gather(-1, t[:, None])[:, 0] - lse_N
             ent = (lse_N - (torch.softmax(logits_N_V, -1) * logits_N_V).sum(-1)).detach()
         else:
-            lp, ent = _TargetLogprob.apply(h, head.weight.detach(), t)
+            chunk_bytes = h.shape[0] * head.weight.shape[0] * 4
+            keep = torch.is_grad_enabled() and kept_bytes + chunk_bytes <= HEAD_KEEP_BYTES
+            kept_bytes += chunk_bytes if keep else 0
+            lp, ent = _TargetLogprob.apply(h, head.weight.detach(), t, keep)
         lps.append(lp)
         ents.append(ent)
     if not lps:
@@ -216,7 +230,7 @@ def commit_dir(tmp: Path, final: Path) -> None:
 class LoraTrainer:
     def __init__(self, model_dir: str | Path, *, rank: int = 32, alpha: float | None = None,
                  target_modules: list[str] | None = None, seed: int = 0,
-                 compute_dtype: torch.dtype | None = None, max_tokens_per_batch: int = 16384):
+                 compute_dtype: torch.dtype | None = None, max_tokens_per_batch: int = MAX_TOKENS_PER_MICRO_BATCH):
         if rank < 1:
             raise StropError(f"LoRA rank must be a positive integer, got {rank}")
         self.model_dir = str(model_dir)
@@ -348,8 +362,8 @@ class LoraTrainer:
     def _target_logprobs(self, input_ids, mask, targets, active):
         """log p(target) and the entropy at every position, without ever holding B x T x V logits.
 
-        The transformer runs once; the vocabulary projection runs in chunks of HEAD_CHUNK positions, keeping no
-        logits for backward (they are recomputed there, see _TargetLogprob) for positions whose loss has a
+        The transformer runs once; the vocabulary projection runs in chunks of HEAD_CHUNK positions, keeping at
+        most HEAD_KEEP_BYTES of softmax for backward (see _TargetLogprob) for positions whose loss has a
         gradient, and without a graph for the rest (prompt tokens, padding)."""
         base = self.model.get_base_model()
         plan = shared_prefixes(input_ids, mask, active)
