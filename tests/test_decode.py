@@ -116,3 +116,34 @@ def test_draws_follow_the_distribution_and_never_pick_excluded_tokens(engines):
     alone, _ = fast._pick(logits[:1].clone(), rows(1, seed=7, temperature=1.0))
     mixed, _ = fast._pick(logits[:3].clone(), rows(1, seed=7, temperature=1.0) + rows(2, seed=100, temperature=0.5))
     assert alone[0] == mixed[0]
+
+
+def test_the_two_level_draw_picks_what_one_cumulative_sum_picks():
+    from strop.engine.sampler import CDF_BLOCK, inverse_cdf
+    gen = torch.Generator().manual_seed(3)
+    for V in (CDF_BLOCK * 4, CDF_BLOCK * 4 + 37, 5):  # whole blocks, a padded last block, less than one block
+        logits = torch.randn(500, V, generator=gen) * 3
+        logits[:, ::7] = float("-inf")  # excluded entries, some at block edges
+        probs = torch.softmax(logits, -1)
+        u = torch.rand(500, generator=gen, dtype=torch.float64)
+        u[:3] = torch.tensor([0.0, 1 - 1e-16, 0.5])  # both ends of [0, 1)
+        cdf = probs.double().cumsum(-1)
+        expected = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp(max=V - 1)
+        got = inverse_cdf(probs, u)
+        assert torch.equal(got, expected), V
+        assert bool((probs.gather(1, got[:, None]) > 0).all())
+
+
+def test_the_two_level_draw_never_takes_a_zero_entry_when_rounding_overshoots_a_block():
+    from strop.engine.sampler import CDF_BLOCK, inverse_cdf
+    gen = torch.Generator().manual_seed(0)
+    # entries spread over 2^40 in size: the block's float64 sum and its cumulative sum round differently
+    first = torch.rand(CDF_BLOCK, generator=gen) * torch.exp2(-torch.randint(0, 40, (CDF_BLOCK,), generator=gen).float())
+    first[-5:] = 0.0  # the block ends in excluded entries
+    probs = torch.cat([first, torch.full((CDF_BLOCK,), 1e-3)])[None]
+    by_sum, by_cumsum = first.sum(dtype=torch.float64).item(), first.double().cumsum(0)[-1].item()
+    assert by_sum > by_cumsum  # the case this test is about (true for this seed)
+    total = by_sum + probs[0, CDF_BLOCK:].double().sum().item()
+    u = torch.tensor([(by_cumsum + by_sum) / 2 / total], dtype=torch.float64)  # past the entries, inside the block
+    token = int(inverse_cdf(probs, u)[0])
+    assert token < CDF_BLOCK - 5 and probs[0, token] > 0, token
