@@ -14,7 +14,9 @@ read (tables listed before the first query, invented tables and columns, errors,
 
 The model's SQL never changes anything: the file is opened read-only (`mode=ro`) with `PRAGMA query_only`, an
 authorizer allows only reads, one SELECT/WITH statement is run per call, a progress handler stops a query after
-`query_timeout` seconds, and results are capped at `row_cap` rows. The data and questions: `finance_data`.
+`query_timeout` seconds, and results are capped at `row_cap` rows. Whatever the query, what it costs and what the
+model reads are bounded: at most 64 columns and 100 kB a value (SQLite's own limits), 1 MB of rows fetched, and
+OBSERVATION_CHARS characters of text, cut with a note saying so. The data and questions: `finance_data`.
 """
 
 from __future__ import annotations
@@ -40,15 +42,20 @@ from strop.errors import StropError
 
 # --- answers and rewards ---------------------------------------------------------------------------------
 
+# Each \s* follows a sign or currency it belongs to, so a run of spaces can be matched one way only: with three
+# optional groups each followed by a bare \s*, 400 spaces and an `x` took ~51 s (the splits of the run, at every
+# start). Answers are also stripped and cut to ANSWER_CHARS before they are matched.
 _NUMBER = re.compile(r"""
-    (?P<sign>[-+\u2212\u2013(])?\s*
-    (?P<currency>US\$|\$|USD\b)?\s*
-    (?P<sign2>[-+\u2212])?\s*
+    (?:(?P<sign>[-+\u2212\u2013(])\s*)?
+    (?:(?P<currency>US\$|\$|USD\b)\s*)?
+    (?:(?P<sign2>[-+\u2212])\s*)?
     (?P<digits>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)
     (?:[eE](?P<exponent>[-+]?\d+))?
     (?:\s*(?P<unit>%|percentage\s+points?\b|per\s?cent\b|pp\b|billions?\b|bn\b|b\b|millions?\b|mn\b|mm\b|m\b
                     |thousands?\b|k\b))?
     """, re.IGNORECASE | re.VERBOSE)
+_CLOSING = re.compile(r"\s*\)")
+ANSWER_CHARS = 1000  # an answer is a number and a few words; characters past this are not read
 _SCALE = {"b": 1000.0, "bn": 1000.0, "billion": 1000.0, "billions": 1000.0, "thousand": 0.001,
           "thousands": 0.001, "k": 0.001}  # answers are in USD millions; anything else is 1
 
@@ -61,29 +68,37 @@ class ParsedAnswer:
 
 def parse_answer(answer: Any) -> ParsedAnswer | None:
     """The number in a submitted answer: "12.5", "12.5%", "$1,234.5", "1,234.5 million", "USD 1.2bn" (-> 1200),
-    "(3.4)" (-> -3.4). With several numbers the first one that is not a bare year counts."""
+    "(3.4)" (-> -3.4). With several numbers the first one that is not a bare year counts. Only the first
+    ANSWER_CHARS characters (after surrounding space) are read; an infinite number is no number."""
     if isinstance(answer, bool):
         return None
     if isinstance(answer, (int, float)):
-        return ParsedAnswer(float(answer), False) if math.isfinite(answer) else None
+        try:
+            value = float(answer)
+        except OverflowError:  # an integer past float's range
+            return None
+        return ParsedAnswer(value, False) if math.isfinite(value) else None
     if not isinstance(answer, str):
         return None
-    found = []
+    answer = answer.strip()[:ANSWER_CHARS]
+    first_year = None
     for m in _NUMBER.finditer(answer):
         text = m.group("digits")
         value = float(text.replace(",", "") + (f"e{m.group('exponent')}" if m.group("exponent") else ""))
+        if not math.isfinite(value):
+            continue
         unit = (m.group("unit") or "").lower()
         signs = (m.group("sign") or "") + (m.group("sign2") or "")
-        closing = answer[m.end():].lstrip().startswith(")")
+        closing = _CLOSING.match(answer, m.end()) is not None
         if any(s in signs for s in "-\u2212\u2013") or ("(" in signs and closing):
             value = -value
         value *= _SCALE.get(unit, 1.0)
         plain = not (unit or m.group("currency") or m.group("exponent") or "," in text or "." in text)
-        found.append((ParsedAnswer(value, unit.startswith(("%", "per", "pp"))),
-                      plain and 1900 <= abs(value) <= 2100))
-    if not found:
-        return None
-    return next((p for p, is_year in found if not is_year), found[0][0])
+        parsed = ParsedAnswer(value, unit.startswith(("%", "per", "pp")))
+        if not (plain and 1900 <= abs(value) <= 2100):
+            return parsed
+        first_year = first_year or parsed
+    return first_year
 
 
 def is_correct(parsed: ParsedAnswer | None, gold: float, unit: str) -> bool:
@@ -116,6 +131,11 @@ class QueryRejected(Exception):
 
 class QueryTimeout(Exception):
     """A query stopped by the time limit."""
+
+
+OBSERVATION_CHARS = 16_000   # the most text one tool call shows the model (50 rows of a wide table: ~7,000)
+ARGUMENTS_CHARS = 40_000     # a tool call's arguments as JSON text: a 20,000-character query, escaped
+RESULT_BYTES = 1 << 20       # rows fetched past this are dropped, as past row_cap (a row of 64 blobs: 6.4 MB)
 
 
 _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
@@ -175,7 +195,7 @@ def single_select(sql: str) -> str:
 class QueryResult:
     columns: list[str]
     rows: list[tuple]
-    truncated: bool  # more rows than the cap
+    truncated: bool  # more rows than the cap, or than RESULT_BYTES holds
 
 
 class ReadOnlyDatabase:
@@ -186,8 +206,10 @@ class ReadOnlyDatabase:
         self.conn = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None,
                                     check_same_thread=False)
         self.conn.execute("PRAGMA query_only = ON")  # before the authorizer, which denies every PRAGMA
-        for limit, value in ((sqlite3.SQLITE_LIMIT_ATTACHED, 0), (sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000),
-                             (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 20_000)):
+        # a value's length and a result's columns are SQLite's to bound: a single row of 2,000 randomblob(1e6)
+        # columns would otherwise be 2 GB before Python sees it
+        for limit, value in ((sqlite3.SQLITE_LIMIT_ATTACHED, 0), (sqlite3.SQLITE_LIMIT_LENGTH, 100_000),
+                             (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 20_000), (sqlite3.SQLITE_LIMIT_COLUMN, 64)):
             self.conn.setlimit(limit, value)
         self.conn.set_authorizer(_authorize)
         self.conn.set_progress_handler(self._progress, 1000)
@@ -209,8 +231,14 @@ class ReadOnlyDatabase:
         cursor = None
         try:
             cursor = self.conn.execute(statement, params)
-            rows = cursor.fetchmany(row_cap + 1)
             columns = [d[0] for d in cursor.description or ()]
+            rows, size, truncated = [], 0, False
+            while (row := cursor.fetchone()) is not None:
+                if len(rows) == row_cap or size > RESULT_BYTES:
+                    truncated = True
+                    break
+                rows.append(row)
+                size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row)
         except sqlite3.OperationalError:
             if self._timed_out:
                 raise QueryTimeout() from None
@@ -219,7 +247,7 @@ class ReadOnlyDatabase:
             self._deadline = None
             if cursor is not None:
                 cursor.close()  # resets a statement left part-way through its rows
-        return QueryResult(columns, rows[:row_cap], len(rows) > row_cap)
+        return QueryResult(columns, rows, truncated)
 
     def close(self) -> None:
         self.conn.close()
@@ -236,9 +264,19 @@ def _cell(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def format_rows(columns: list[str], rows: list[tuple]) -> str:
-    """Header and rows, pipe-separated: what a small model reads most reliably."""
-    return "\n".join([" | ".join(columns)] + [" | ".join(_cell(v) for v in row) for row in rows])
+def format_rows(columns: list[str], rows: list[tuple], limit: int = OBSERVATION_CHARS) -> str:
+    """Header and rows, pipe-separated: what a small model reads most reliably. Past `limit` characters the
+    text is cut, with a line saying so."""
+    lines, size = [], 0
+    for line in ([" | ".join(_cell(c) for c in columns)] + [" | ".join(_cell(v) for v in row) for row in rows]):
+        if size + len(line) > limit:
+            shown = max(0, len(lines) - 1)
+            lines.append(f"[output truncated at {limit} characters: {shown} of {len(rows)} rows shown; select fewer "
+                         "columns, or shorter values]")
+            break
+        lines.append(line)
+        size += len(line) + 1
+    return "\n".join(lines)
 
 
 # --- the environment -------------------------------------------------------------------------------------
@@ -246,6 +284,12 @@ def format_rows(columns: list[str], rows: list[tuple]) -> str:
 def _tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
     return {"type": "function", "function": {"name": name, "description": description, "parameters": {
         "type": "object", "properties": properties, "required": required, "additionalProperties": False}}}
+
+
+def _recorded(arguments: Any) -> Any:
+    """A call's arguments as `state()` keeps them: as given, or their JSON cut to ARGUMENTS_CHARS when longer."""
+    text = json.dumps(arguments, default=str)
+    return arguments if len(text) <= ARGUMENTS_CHARS else text[:ARGUMENTS_CHARS] + "..."
 
 
 def _counters() -> dict[str, Any]:
@@ -419,7 +463,7 @@ class FinanceSQLEnv:
                 content, ok, metadata = getattr(self, f"_tool_{call.name}")(**arguments)
             except Exception as error:  # noqa: BLE001 - a step never raises; the model sees what went wrong
                 content, ok, metadata = f"Error: {call.name} failed: {error}", False, {"error": type(error).__name__}
-        st["calls"].append({"name": call.name, "arguments": arguments if arguments is not None else call.arguments,
+        st["calls"].append({"name": call.name, "arguments": _recorded(arguments if arguments is not None else call.arguments),
                             "ok": ok})
         if st["turns"] >= self.max_turns:
             content += (f"\n\nThe turn limit ({self.max_turns} tool calls) is reached without an answer; the "
@@ -437,9 +481,12 @@ class FinanceSQLEnv:
             return None, f"Error: there is no tool {call.name!r}. The tools are: {listing}."
         arguments = call.arguments
         if isinstance(arguments, str):
+            if len(arguments) > ARGUMENTS_CHARS:
+                return None, (f"Error: the arguments of {call.name} are {len(arguments)} characters long; the limit "
+                              f"is {ARGUMENTS_CHARS}.")
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than Python's stack
                 return None, f"Error: the arguments of {call.name} are not valid JSON: {arguments[:200]!r}."
         if arguments is None:
             arguments = {}
@@ -472,8 +519,8 @@ class FinanceSQLEnv:
         correct = is_correct(parsed, self._gold(), task.meta.get("unit", "usd_millions"))
         terms = {"correctness": float(correct), "format": self.format_weight * float(parsed is not None)}
         reward = sum(terms.values())
-        st["calls"].append({"name": call.name, "arguments": arguments, "ok": parsed is not None})
-        st.update(submitted=True, answer=str(answer), done=True, reward=reward, correct=correct)
+        st["calls"].append({"name": call.name, "arguments": _recorded(arguments), "ok": parsed is not None})
+        st.update(submitted=True, answer=str(answer)[:ANSWER_CHARS], done=True, reward=reward, correct=correct)
         content = "Answer submitted." if parsed is not None else (
             "Answer submitted, but it contains no number, so it cannot be scored.")
         return StepResult(Observation(content), reward, True,
@@ -500,7 +547,7 @@ class FinanceSQLEnv:
         name = next((t for t in data.SCHEMA if t.lower() == table.strip().lower()), None)
         if name is None:
             self._state["hallucinated_tables"] += 1
-            return (f"Error: there is no table {table!r}. The tables are: {', '.join(data.SCHEMA)}.", False,
+            return (f"Error: there is no table {_cell(table)!r}. The tables are: {', '.join(data.SCHEMA)}.", False,
                     {"error": "no_such_table"})
         description, columns = data.SCHEMA[name]
         sample = self._db.query(f"SELECT * FROM {name} LIMIT 3", 3)
