@@ -244,7 +244,7 @@ def test_registry_bundles_need_the_control_plane():
     assert "control plane" in msg and "directory" in msg
 
 
-def test_check_bundle_in_a_subprocess(tmp_path):
+def test_check_bundle_in_the_sandbox(tmp_path):
     good = make_bundle(tmp_path / "good", GOOD)
     assert check_bundle(good, "reward", "compute_score") is None
     assert check_bundle(good, "reward", "lenient") is None
@@ -254,7 +254,7 @@ def test_check_bundle_in_a_subprocess(tmp_path):
     assert msg.startswith("grader 'compute_score'") and "wrong signature" in msg and "hello" not in msg
     assert "no module 'grader'" in check_bundle(good, "grader", "compute_score")
     crash = make_bundle(tmp_path / "crash", {"reward.py": "import os\nos._exit(5)\n"})
-    assert "exit code 5" in check_bundle(crash, "reward", "compute_score")
+    assert "exit status 5" in check_bundle(crash, "reward", "compute_score")
     slow = make_bundle(tmp_path / "slow", {"reward.py": "import time\ntime.sleep(30)\n"})
     assert "timed out" in check_bundle(slow, "reward", "compute_score", timeout_s=1.5)
 

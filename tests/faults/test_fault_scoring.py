@@ -121,11 +121,15 @@ def test_a_relative_bundle_path_means_the_callers_folder(pool, bundle, monkeypat
     assert pool.grader("bundle#reward:good")(solution_str="41", ground_truth="42") == 0.5
 
 
-def test_dead_workers_are_replaced(pool, bundle):
-    for function in ("segfault", "hang"):
+def test_a_crash_or_hang_costs_its_call_not_the_worker(pool, bundle):
+    # each call runs in a process forked for it: the worker that imported the bundle lives on
+    for function in ("segfault", "hang", "exits", "memory_bomb"):
         with pytest.raises(SandboxError):
             call(pool, bundle, function)
-    assert pool.replaced == 2
+    assert pool.replaced == 0
+    started = time.monotonic()
+    assert call(pool, bundle, "good") == 1.0
+    assert time.monotonic() - started < 1.0  # no new worker to start
 
 
 def test_nan_and_infinity_score_zero_with_the_reason(pool, bundle):

@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "checked. State lives under $STROP_HOME (default ~/.strop).",
         epilog="Start with: strop base-models list, then strop train --help.")
     parser.add_argument("--version", action="version", version=f"strop {__version__}")
+    parser.add_argument("--allow-unconfined-graders", action="store_true",
+                        help="run scoring bundles even where they cannot be confined (no bubblewrap or no user "
+                             "namespaces): they then run with per-process limits only, and can read and write what "
+                             "you can. Same as STROP_ALLOW_UNCONFINED_GRADERS=1; background runs inherit it.")
     nouns = parser.add_subparsers(dest="noun", metavar="COMMAND", required=True)
     registry.register(nouns)
     projects.register(nouns)
@@ -45,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.allow_unconfined_graders:
+        from strop.scoring.confine import ALLOW_UNCONFINED_ENV
+        os.environ[ALLOW_UNCONFINED_ENV] = "1"  # the background workers this command starts inherit it
     try:
         return args.handler(args) or 0
     except StropError as exc:

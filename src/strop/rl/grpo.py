@@ -155,7 +155,7 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
     sandbox = None
     if config.sandbox_graders and any(not str(t.get("grader", "")).startswith("builtin:") for t in config.reward_terms):
         from strop.scoring.sandbox import SandboxPool
-        sandbox = SandboxPool(timeout=config.grader_timeout, memory_mb=config.grader_memory_mb)
+        sandbox = SandboxPool(timeout=config.grader_timeout, memory_mb=config.grader_memory_mb, hide=[run_dir])
     try:
         return _run_grpo(config, run_dir, sandbox, service=service, progress=progress, rows=rows, on_start=on_start,
                          on_step=on_step, on_checkpoint=on_checkpoint, on_eval=on_eval)

@@ -18,8 +18,8 @@ while it imports, so it can import sibling files (`from helpers import parse`). 
 from `sys.modules` so two bundles that both have a `helpers.py` do not see each other's; import them at module
 top level, not inside the function.
 
-`check_bundle(path, module, function)` runs the same checks in a fresh interpreter and returns the error text (or
-None), so a service can vet an uploaded bundle without importing it into its own process.
+`check_bundle(path, module, function)` runs the same checks inside the grader sandbox and returns the error text
+(or None), so a service can vet an uploaded bundle without importing it into its own process.
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import itertools
-import subprocess
 import sys
 import traceback
 from pathlib import Path
 from typing import Callable
 
-from strop.errors import BundleError
+from strop.errors import BundleError, StropError
 from strop.scoring import gsm8k
 
 DEFAULT_MODULE = "reward"
@@ -99,10 +98,9 @@ def split_ref(ref: str) -> tuple[str, str, str]:
     return directory, module.strip() or DEFAULT_MODULE, function.strip() or DEFAULT_FUNCTION
 
 
-def load_bundle(
-    directory: str | Path, module: str = DEFAULT_MODULE, function: str = DEFAULT_FUNCTION
-) -> Callable[..., float]:
-    """Import `module` from bundle `directory` and return its checked grader `function`."""
+def locate(directory: str | Path, module: str = DEFAULT_MODULE, function: str = DEFAULT_FUNCTION) -> tuple[Path, Path]:
+    """(the bundle's resolved folder, the module's file), checked without importing anything; BundleError saying
+    what to fix when either is missing."""
     where = f"{directory}#{module}:{function}"
     root = Path(directory).expanduser()
     if not root.exists():
@@ -122,7 +120,15 @@ def load_bundle(
         listing = ", ".join(have[:20]) if have else "no .py files"
         raise BundleError(f"scoring bundle {str(directory)!r} has no module {module!r} ({file.name} not found; the "
                           f"directory has {listing}): name one of those after '#', e.g. '{directory}#NAME:{function}'.")
+    return root, file
 
+
+def load_bundle(
+    directory: str | Path, module: str = DEFAULT_MODULE, function: str = DEFAULT_FUNCTION
+) -> Callable[..., float]:
+    """Import `module` from bundle `directory` and return its checked grader `function`."""
+    where = f"{directory}#{module}:{function}"
+    root, file = locate(directory, module, function)
     mod = _import(file, root, where)
     if not hasattr(mod, function):
         defined = sorted(n for n, v in vars(mod).items()
@@ -212,43 +218,26 @@ def _hide_shadowed(root: Path) -> dict:
     return hidden
 
 
-_MARKER = "--- strop check_bundle error ---\n"
-# The child registers a bare `strop` package instead of running strop/__init__.py, which imports the training
-# stack (torch, peft): seconds and hundreds of MB that checking a bundle does not need.
-_CHECK_SCRIPT = f"""
-import sys, types
-MARKER = {_MARKER!r}
-package = types.ModuleType("strop")
-package.__path__ = [sys.argv[4]]
-sys.modules["strop"] = package
-from strop.errors import StropError
-from strop.scoring.bundles import load_bundle
-try:
-    load_bundle(sys.argv[1], sys.argv[2], sys.argv[3])
-except StropError as e:
-    # After a marker, because the bundle itself may print while it imports.
-    sys.stdout.write("\\n" + MARKER + str(e))
-    sys.exit(3)
-"""
-
-
 def check_bundle(path: str | Path, module: str = DEFAULT_MODULE, function: str = DEFAULT_FUNCTION,
                  *, timeout_s: float = 60.0) -> str | None:
-    """Validate a bundle in a fresh interpreter (nothing it runs at import touches this process).
+    """Validate a bundle inside the grader sandbox, with the confinement, limits and environment a run's graders
+    get: nothing it runs at import reaches this process, sees its secrets or outlives the check.
 
     Returns the error text a person should see, or None when the bundle loads and its grader's signature fits.
     """
-    package_dir = str(Path(__file__).resolve().parents[1])
-    argv = [sys.executable, "-c", _CHECK_SCRIPT, str(path), module, function, package_dir]
+    from strop.scoring.sandbox import SandboxError, SandboxPool
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return (f"checking scoring bundle {str(path)!r} timed out after {timeout_s:g} s: importing {module}.py must "
-                f"not block or do long work at import time; move it into the function or a cache.")
-    if done.returncode == 0:
-        return None
-    if done.returncode == 3 and _MARKER in done.stdout:
-        return done.stdout.rpartition(_MARKER)[2].strip()
-    tail = "\n  ".join((done.stderr or done.stdout).strip().splitlines()[-TRACEBACK_LINES:])
-    return (f"checking scoring bundle {str(path)!r} crashed the checker (exit code {done.returncode}); "
-            f"importing {module}.py must not exit or crash the interpreter.\n  {tail}")
+        locate(path, module, function)
+        with SandboxPool(workers=1, timeout=timeout_s, import_timeout=timeout_s) as pool:
+            pool.call(f"{Path(path).expanduser().resolve()}#{module}:{function}", None)
+    except SandboxError as exc:
+        if exc.kind == "timeout":
+            return (f"checking scoring bundle {str(path)!r} timed out after {timeout_s:g} s: importing {module}.py "
+                    f"must not block or do long work at import time; move it into the function or a cache.")
+        if exc.kind in ("died", "memory", "channel"):
+            return (f"checking scoring bundle {str(path)!r} failed: {exc}; importing {module}.py must not exit, "
+                    f"crash or write to the standard output's channel.")
+        return str(exc)
+    except StropError as exc:
+        return str(exc)
+    return None

