@@ -253,6 +253,28 @@ def test_bad_messages_get_clear_errors_and_the_session_survives(open_server):
     assert http("GET", f"{url}/health") == (200, {"status": "healthy"})
 
 
+def test_every_task_route_answers(open_server):
+    url = f"{open_server.url}/arith"
+    assert http("GET", f"{url}/splits") == (200, [{"name": "train", "type": "train"}, {"name": "test", "type": "test"}])
+    status, reply = http("POST", f"{url}/tasks", {"split": "train"})
+    assert status == 200 and [t["id"] for t in reply["tasks"]] == [f"train-{i}" for i in range(5)]
+    assert "answer" not in reply["tasks"][0] and reply["env_name"] == "arith"
+    status, reply = http("POST", f"{url}/tasks", {"split": "train", "start": 3})
+    assert status == 200 and [t["index"] for t in reply["tasks"]] == [3, 4]
+    assert http("POST", f"{url}/num_tasks", {"split": "test"}) == (200, {"num_tasks": 5})
+    status, reply = http("POST", f"{url}/task", {"split": "test", "index": 2})
+    assert status == 200 and reply["task"]["id"] == "test-2" and "2 + 4" in reply["task"]["prompt"]
+    status, reply = http("POST", f"{url}/task_range", {"split": "train", "start": 1, "stop": 3})
+    assert status == 200 and [t["id"] for t in reply["tasks"]] == ["train-1", "train-2"]
+    for route, body, words in (("task", {"split": "test", "index": 9}, "out of range"),
+                               ("task", {"split": "test", "index": -1}, "non-negative"),
+                               ("task", {"split": "test", "index": True}, "non-negative"),
+                               ("task_range", {"split": "train", "start": "1"}, "integers or null"),
+                               ("tasks", {"split": "dev"}, "unknown split")):
+        status, reply = http("POST", f"{url}/{route}", body)
+        assert status == 400 and words in reply["detail"], (route, body, reply)
+
+
 def test_api_key_is_checked_and_the_server_keeps_serving(keyed_server):
     pytest.importorskip("openenv", reason="pip install openenv (the OpenEnv package)")
     from openenv import GenericEnvClient

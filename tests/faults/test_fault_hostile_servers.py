@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import time
+import urllib.request
 
 import pytest
 
@@ -106,3 +107,162 @@ def test_tool_arguments_a_model_wrote_badly_are_observations(finance):
     content = finance.step(ToolCall("describe_table", {"table": "x" * 1_000_000})).observation.content
     assert content.startswith("Error: there is no table") and len(content) < 1_000
     assert len(json.dumps(finance.state())) < 200_000     # what rollouts keep of those calls (was 1.9 MB)
+
+
+# ---- strop envs serve: slow, silent, idle and deep clients ---------------------------------------------------
+
+pytest.importorskip("uvicorn", reason="pip install 'strop[openenv]'")
+
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+from loopback import post_json  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+from strop.envs.base import Observation, StepResult, Task  # noqa: E402
+from strop.envs.openenv_client import RemoteEnv, RemoteEnvError  # noqa: E402
+from strop.envs.openenv_server import serve_env  # noqa: E402
+
+
+class FloodEnv:
+    """An environment that answers with far more text than any model should read, and a reward it names."""
+
+    name, max_turns = "flood", 3
+
+    def __init__(self, size: int = 5_000_000, reward: float = 0.0):
+        self.size, self.reward = size, reward
+
+    def tools(self):
+        return [{"type": "function", "function": {"name": "look", "description": "look around",
+                                                  "parameters": {"type": "object", "properties": {}}}}]
+
+    def splits(self):
+        return ["train"]
+
+    def tasks(self, split, limit=None):
+        return [Task(f"flood-{i}", "Look around.", "0", "train", {"index": i}) for i in range(2)][:limit]
+
+    def reset(self, task):
+        return Observation("r" * self.size)
+
+    def step(self, call):
+        return StepResult(Observation("s" * self.size), reward=self.reward, done=False)
+
+    def state(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def ws_url(server) -> str:
+    return server.url.replace("http", "ws") + "/ws"
+
+
+@pytest.fixture
+def finance_server():
+    server = serve_env("finance-sql", port=0, options={"seed": 0}, read_timeout_s=1.0, block=False)
+    yield server
+    server.stop()
+
+
+def health_seconds(server) -> float:
+    started = time.perf_counter()
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"{server.url}/health", timeout=30) as r:
+        assert r.status == 200
+    return time.perf_counter() - started
+
+
+def test_a_hostile_answer_does_not_freeze_the_env_server(finance_server):
+    with connect(ws_url(finance_server), proxy=None) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"split": "train", "index": 0}}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "observation"
+        started = time.perf_counter()
+        ws.send(json.dumps({"type": "step", "data": {"type": "call_tool", "tool_name": "submit_answer",
+                                                     "arguments": {"answer": " " * 400 + "x"}}}))
+        health = health_seconds(finance_server)                          # asked while the answer is scored
+        reply = json.loads(ws.recv(timeout=60))
+        assert time.perf_counter() - started < 2.0 and health < 1.0     # was ~51 s for both
+        assert reply["data"]["done"] is True and reply["data"]["reward"] == 0.0
+
+
+def test_slow_and_silent_http_clients_are_dropped_while_others_are_served(finance_server):
+    port = int(finance_server.url.rsplit(":", 1)[1])
+    silent = socket.create_connection(("127.0.0.1", port))
+    slow = socket.create_connection(("127.0.0.1", port))
+    started = time.perf_counter()
+    dropped = {}
+
+    def trickle():                                  # slowloris: a request head one byte every 0.2 s
+        try:
+            for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100:
+                slow.sendall(bytes([byte]))
+                time.sleep(0.2)
+            dropped["slow"] = None
+        except OSError:
+            dropped["slow"] = time.perf_counter() - started
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    assert health_seconds(finance_server) < 1.0                          # others are served meanwhile
+    silent.settimeout(10)
+    assert silent.recv(1) == b""                                          # closed by the server, not by us
+    dropped["silent"] = time.perf_counter() - started
+    sender.join(30)
+    silent.close()
+    slow.close()
+    assert dropped["silent"] < 3.0 and dropped["slow"] is not None and dropped["slow"] < 4.0, dropped
+
+
+def test_a_body_that_never_arrives_gets_408(finance_server):
+    port = int(finance_server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                     b'{"jsonrpc": ')
+        sock.settimeout(10)
+        started = time.perf_counter()
+        reply = sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply
+        assert time.perf_counter() - started < 3.0
+
+
+def test_idle_sessions_are_closed_and_a_new_client_gets_in():
+    server = serve_env(FloodEnv, port=0, max_sessions=2, session_idle_s=1.0, block=False)
+    try:
+        idle = [connect(ws_url(server), proxy=None).__enter__() for _ in range(2)]       # connect, then say nothing
+        status, made = post_json(int(server.url.rsplit(":", 1)[1]),
+                                 json.dumps({"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}).encode(),
+                                 key=None, path="/mcp")
+        assert made["error"]["code"] == -32000 and "--max-sessions" in made["error"]["message"]
+        assert "--session-idle-timeout" in made["error"]["message"]
+        with connect(ws_url(server), proxy=None) as third:
+            refused = json.loads(third.recv(timeout=10))
+            assert refused["data"]["code"] == "CAPACITY_REACHED" and "--max-sessions" in refused["data"]["message"]
+        for ws in idle:                                                   # each idle client is told, then closed
+            told = json.loads(ws.recv(timeout=10))
+            assert told["data"]["code"] == "SESSION_IDLE" and "--session-idle-timeout" in told["data"]["message"]
+            ws.close()
+        env = RemoteEnv(server.url, timeout=10)
+        assert env.reset(env.tasks("train", 1)[0]).content.startswith("r")
+        status, made = post_json(int(server.url.rsplit(":", 1)[1]),
+                                 json.dumps({"jsonrpc": "2.0", "method": "openenv/session/create", "id": 2}).encode(),
+                                 key=None, path="/mcp")
+        assert made["result"]["session_id"] in server.service.sessions   # an HTTP-made session, then left idle
+        deadline = time.monotonic() + 5
+        while made["result"]["session_id"] in server.service.sessions and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert made["result"]["session_id"] not in server.service.sessions  # reaped with no new client asking
+        env.close()
+    finally:
+        server.stop()
+
+
+def test_deep_json_and_huge_names_get_short_clear_errors(finance_server):
+    port = int(finance_server.url.rsplit(":", 1)[1])
+    status, reply = post_json(port, b"[" * 200_000, key=None, path="/mcp")
+    assert status == 200 and reply["error"]["code"] == -32700 and "nests too deeply" in reply["error"]["message"]
+    with connect(ws_url(finance_server), proxy=None) as ws:
+        for frame, code in (("[" * 200_000, "INVALID_JSON"), (json.dumps({"type": "x" * 900_000}), "UNKNOWN_TYPE"),
+                            (json.dumps({"type": "state", "y" * 900_000: 1}), "VALIDATION_ERROR")):
+            ws.send(frame)
+            reply = ws.recv(timeout=10)
+            assert json.loads(reply)["data"]["code"] == code and len(reply) < 1_000, reply[:200]

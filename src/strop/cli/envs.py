@@ -67,6 +67,12 @@ def register(nouns) -> None:
     serve.add_argument("--api-key-env", metavar="VAR", help="require the key held in environment variable VAR")
     serve.add_argument("--max-message-bytes", type=int, metavar="N",
                        help="refuse request bodies and WebSocket frames over N bytes (default: 1048576)")
+    serve.add_argument("--max-sessions", type=int, default=64, metavar="N",
+                       help="episodes (connections) served at once; more are refused until one closes "
+                            "(default: %(default)s)")
+    serve.add_argument("--session-idle-timeout", type=float, default=600.0, metavar="SECONDS",
+                       help="close a session that sends no message for this long, so idle clients cannot hold every "
+                            "slot (default: %(default)g; a slow model's turn can take minutes)")
     serve.set_defaults(handler=_serve)
 
 
@@ -183,6 +189,11 @@ def _serve(args) -> int:
         args.max_message_bytes = MAX_MESSAGE_BYTES
     if args.max_message_bytes < 1:
         raise StropError(f"--max-message-bytes must be at least 1, got {args.max_message_bytes}")
+    if args.max_sessions < 1:
+        raise StropError(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    if not 0 < args.session_idle_timeout < float("inf"):
+        raise StropError(f"--session-idle-timeout must be a positive number of seconds, got "
+                         f"{args.session_idle_timeout:g}")
     key = None
     if args.api_key_env:
         key = os.environ.get(args.api_key_env)
@@ -193,5 +204,6 @@ def _serve(args) -> int:
         note(warning)
     note(f"serving {args.name} on ws://{args.host}:{args.port}/ws (Ctrl-C stops it)")
     serve_env(args.name, host=args.host, port=args.port, api_key=key, options={"seed": args.seed},
-              max_message_bytes=args.max_message_bytes)
+              max_message_bytes=args.max_message_bytes, max_sessions=args.max_sessions,
+              session_idle_s=args.session_idle_timeout)
     return 0

@@ -463,8 +463,8 @@ class FinanceSQLEnv:
                 content, ok, metadata = getattr(self, f"_tool_{call.name}")(**arguments)
             except Exception as error:  # noqa: BLE001 - a step never raises; the model sees what went wrong
                 content, ok, metadata = f"Error: {call.name} failed: {error}", False, {"error": type(error).__name__}
-        st["calls"].append({"name": call.name, "arguments": _recorded(arguments if arguments is not None else call.arguments),
-                            "ok": ok})
+        given = arguments if arguments is not None else call.arguments
+        st["calls"].append({"name": str(call.name)[:200], "arguments": _recorded(given), "ok": ok})
         if st["turns"] >= self.max_turns:
             content += (f"\n\nThe turn limit ({self.max_turns} tool calls) is reached without an answer; the "
                         "episode is over.")
@@ -478,7 +478,7 @@ class FinanceSQLEnv:
         listing = "list_tables(), describe_table(table), run_sql(query), submit_answer(answer)"
         schemas = {t["function"]["name"]: t["function"]["parameters"] for t in self.tools()}
         if call.name not in schemas:
-            return None, f"Error: there is no tool {call.name!r}. The tools are: {listing}."
+            return None, f"Error: there is no tool {_cell(call.name)!r}. The tools are: {listing}."
         arguments = call.arguments
         if isinstance(arguments, str):
             if len(arguments) > ARGUMENTS_CHARS:

@@ -23,7 +23,7 @@ from strop.envs.base import Environment, Task, ToolCall
 from strop.errors import StropError
 
 MAX_SESSIONS = 64               # environment instances alive at once (one per connection)
-SESSION_TTL_S = 600.0           # an HTTP-made session nobody uses for this long is closed
+SESSION_IDLE_S = 600.0          # a session with no message for this long is closed (a slow model's turn is minutes)
 MESSAGE_TYPES = ("reset", "step", "state", "mcp", "close")
 RESET_FIELDS = {"task_id": str, "split": str, "index": int, "seed": int, "episode_id": str}
 RPC_METHODS = ("tools/list", "tools/call", "openenv/session/create", "openenv/session/close")
@@ -53,6 +53,23 @@ def mcp_tool(tool: dict) -> dict:
             "input_schema": fn.get("parameters") or {"type": "object", "properties": {}}}
 
 
+def shown(value: Any, limit: int = 100) -> str:
+    """A client's value as an error message repeats it: its repr, cut to `limit` characters (a 1 MB name must not
+    come back as a 1 MB error)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def parse_json(raw: str | bytes, example: str) -> Any:
+    """A client's JSON text; INVALID_JSON (not a crash) for text that is not JSON, nests deeper than Python's
+    stack, or holds an integer too long to read."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        why = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise ProtocolError("INVALID_JSON", f"the {example} is not JSON ({why})") from None
+
+
 class Session:
     """One environment instance and its episode. Every call on the environment runs on the session's own single
     thread, in order (an environment holding a SQLite connection may only use it from the thread that made it)."""
@@ -73,8 +90,15 @@ class Session:
         self.env = await self.run(self._factory)
 
     async def run(self, fn, *args):
-        self.last_active = time.monotonic()
+        self.touch()
         return await asyncio.wrap_future(self._thread.submit(fn, *args))
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the session was last used; 0 while a call on it is running."""
+        return 0.0 if self.lock.locked() else time.monotonic() - self.last_active
 
     async def close(self) -> None:
         if self.env is not None:
@@ -96,14 +120,15 @@ def check_reset(data: Any) -> dict:
         raise ProtocolError("VALIDATION_ERROR", "reset: 'data' must be an object such as "
                                                 '{"split": "train", "index": 0}')
     if set(data) - set(RESET_FIELDS):
-        raise ProtocolError("VALIDATION_ERROR", f"reset: unknown field(s) {sorted(set(data) - set(RESET_FIELDS))}; "
+        unknown = shown(sorted(set(data) - set(RESET_FIELDS)))
+        raise ProtocolError("VALIDATION_ERROR", f"reset: unknown field(s) {unknown}; "
                                                 f"reset takes {sorted(RESET_FIELDS)}")
     for key, kind in RESET_FIELDS.items():
         value = data.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool) or
                                   (kind is int and value < 0) or (kind is str and len(value) > 255)):
             what = "a non-negative integer" if kind is int else "a string of at most 255 characters"
-            raise ProtocolError("VALIDATION_ERROR", f"reset: {key!r} must be {what}, got {value!r}")
+            raise ProtocolError("VALIDATION_ERROR", f"reset: {key!r} must be {what}, got {shown(value)}")
     return {k: v for k, v in data.items() if v is not None}
 
 
@@ -148,11 +173,14 @@ class EnvService:
     """The protocol without the transport: the sessions, and what each message or JSON-RPC call does."""
 
     def __init__(self, env_factory: Callable[[], Environment], *, max_sessions: int = MAX_SESSIONS,
-                 session_ttl_s: float = SESSION_TTL_S, reveal_answers: bool = False):
+                 session_idle_s: float = SESSION_IDLE_S, reveal_answers: bool = False):
         if max_sessions < 1:
-            raise StropError(f"max_sessions must be at least 1, got {max_sessions}")
+            raise StropError(f"max_sessions (--max-sessions) must be at least 1, got {max_sessions}")
+        if not session_idle_s > 0:
+            raise StropError(f"session_idle_s (--session-idle-timeout) must be a positive number of seconds, got "
+                             f"{session_idle_s}")
         self.env_factory = env_factory
-        self.max_sessions, self.session_ttl_s, self.reveal_answers = max_sessions, session_ttl_s, reveal_answers
+        self.max_sessions, self.session_idle_s, self.reveal_answers = max_sessions, session_idle_s, reveal_answers
         self.sessions: dict[str, Session] = {}
         self._probe: Session | None = None        # answers /metadata, the task API and tools/list without a session
         self._probe_lock = asyncio.Lock()
@@ -169,14 +197,22 @@ class EnvService:
                 from None
         return session
 
+    async def reap_idle(self) -> int:
+        """Close the HTTP-made sessions no WebSocket holds that have been idle for over `session_idle_s` (a
+        WebSocket's own session is closed by its endpoint when the socket idles that long); how many closed."""
+        stale = [s for s in self.sessions.values()
+                 if s.owner == "http" and not s.attached and s.idle_for() > self.session_idle_s]
+        for session in stale:
+            await self.destroy(session.id)
+        return len(stale)
+
     async def create_session(self, owner: str) -> Session:
-        now = time.monotonic()
-        for stale in [s for s in self.sessions.values()
-                      if s.owner == "http" and not s.attached and now - s.last_active > self.session_ttl_s]:
-            await self.destroy(stale.id)
+        await self.reap_idle()
         if len(self.sessions) >= self.max_sessions:
             raise ProtocolError("CAPACITY_REACHED", f"the server is at its limit of {self.max_sessions} sessions; "
-                                                    "close one, or start the server with a larger max_sessions")
+                                                    "close one, or wait: a session idle for "
+                                                    f"{self.session_idle_s:g} s is closed (--session-idle-timeout); "
+                                                    "or restart the server with a larger --max-sessions")
         session = Session(self.env_factory, owner)
         self.sessions[session.id] = session                 # counted while its environment is being made
         try:
@@ -207,20 +243,19 @@ class EnvService:
 
     async def handle(self, session: Session, raw: str | bytes) -> dict | None:
         """The reply frame to one client frame (None for close)."""
-        try:
-            message = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ProtocolError("INVALID_JSON", f'the message is not JSON ({exc}); send e.g. {{"type": "state"}}') \
-                from None
+        session.touch()
+        message = parse_json(raw, 'message (send e.g. {"type": "state"})')
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             raise ProtocolError("VALIDATION_ERROR", "a message must be a JSON object with a string 'type', one of "
                                                     f"{list(MESSAGE_TYPES)}")
         kind = message["type"]
         if kind not in MESSAGE_TYPES:
-            raise ProtocolError("UNKNOWN_TYPE", f"unknown message type {kind!r}; the types are {list(MESSAGE_TYPES)}")
+            raise ProtocolError("UNKNOWN_TYPE", f"unknown message type {shown(kind)}; the types are "
+                                                f"{list(MESSAGE_TYPES)}")
         allowed = {"type"} if kind in ("state", "close") else {"type", "data"}
         if set(message) - allowed:
-            raise ProtocolError("VALIDATION_ERROR", f"{kind}: unexpected field(s) {sorted(set(message) - allowed)}; "
+            unknown = shown(sorted(set(message) - allowed))
+            raise ProtocolError("VALIDATION_ERROR", f"{kind}: unexpected field(s) {unknown}; "
                                                     f"a {kind} message has only {sorted(allowed)}")
         if kind == "close":
             return None
@@ -252,8 +287,8 @@ class EnvService:
                                                     '{"type": "call_tool", "tool_name": ..., "arguments": {...}}')
         allowed = {"type", "metadata"} | ({"tool_name", "arguments"} if kind == "call_tool" else set())
         if set(action) - allowed:
-            raise ProtocolError("VALIDATION_ERROR", f"step: unexpected field(s) {sorted(set(action) - allowed)} in a "
-                                                    f"{kind} action; it takes {sorted(allowed)}")
+            raise ProtocolError("VALIDATION_ERROR", f"step: unexpected field(s) {shown(sorted(set(action) - allowed))} "
+                                                    f"in a {kind} action; it takes {sorted(allowed)}")
         if kind == "list_tools":
             tools = [mcp_tool(t) for t in await session.run(session.env.tools)]
             return {"observation": {"tools": tools, "metadata": {}}, "reward": None, "done": session.done}
@@ -261,7 +296,7 @@ class EnvService:
         if not isinstance(name, str) or not name:
             raise ProtocolError("VALIDATION_ERROR", "step: a call_tool action needs 'tool_name' (a string)")
         if not isinstance(arguments, dict):
-            raise ProtocolError("VALIDATION_ERROR", f"step: 'arguments' must be an object, got {arguments!r}")
+            raise ProtocolError("VALIDATION_ERROR", f"step: 'arguments' must be an object, got {shown(arguments)}")
         if session.task is None:
             raise ProtocolError("SESSION_ERROR", "no episode yet: send a reset before calling tools")
         if session.done:
@@ -301,7 +336,8 @@ class EnvService:
         if not isinstance(params, dict):
             raise ProtocolError("VALIDATION_ERROR", f"{method}: 'params' must be an object")
         if method not in RPC_METHODS:
-            raise ProtocolError("METHOD_NOT_FOUND", f"unknown method {method!r}; the methods are {list(RPC_METHODS)}")
+            raise ProtocolError("METHOD_NOT_FOUND", f"unknown method {shown(method)}; the methods are "
+                                                    f"{list(RPC_METHODS)}")
         if method == "openenv/session/create":
             return {"session_id": (bound or await self.create_session("http")).id}
         if method == "openenv/session/close":
@@ -328,8 +364,8 @@ class EnvService:
 
     def _session_of(self, session_id: Any) -> Session | None:
         if session_id is not None and session_id not in self.sessions:
-            raise ProtocolError("VALIDATION_ERROR", f"unknown session_id {session_id!r} (closed, or idle for over "
-                                                    f"{self.session_ttl_s:.0f} s); make one with "
+            raise ProtocolError("VALIDATION_ERROR", f"unknown session_id {shown(session_id)} (closed, or idle "
+                                                    f"for over {self.session_idle_s:g} s); make one with "
                                                     "openenv/session/create")
         return None if session_id is None else self.sessions[session_id]
 
@@ -349,7 +385,7 @@ class EnvService:
 
     async def task_specs(self, split: str, start: int | None = None, stop: int | None = None) -> list[dict]:
         if split not in (await self.describe())["splits"]:
-            raise ProtocolError("VALIDATION_ERROR", f"unknown split {split!r}; the splits are "
+            raise ProtocolError("VALIDATION_ERROR", f"unknown split {shown(split)}; the splits are "
                                                     f"{(await self.describe())['splits']}")
         probe = await self.probe()
         tasks = await probe.run(probe.tasks, split)

@@ -24,6 +24,12 @@ task_id, split, episode_id, metadata}`; list_tools' is `{tools: [{name, descript
 `{tool_name, result: {content: [{type: "text", text}], data: text, is_error}, error: null | {error_type, message},
 metadata, info}`. Reset picks the task by `task_id`, else `index` in `split`, else at random (`seed`ed if given).
 
+Hostile clients cost bounded time and memory: a request's head must arrive within `read_timeout_s` of the
+connection opening (or of the last reply), and its body within `read_timeout_s` more (408); heads are at most
+16 kB, bodies and frames `max_message_bytes` (413, or an error frame; a frame over 4x that closes the socket); a
+WebSocket with no message for `session_idle_s` gets an error frame and is closed, and so is its session, as is
+an HTTP-made session idle that long; past `max_sessions` sessions a new one is refused (CAPACITY_REACHED).
+
 HTTP: GET /health (no key needed), /schema, /metadata, /openapi.json; POST /mcp (JSON-RPC 2.0: tools/list,
 tools/call, openenv/session/create, openenv/session/close); OpenEnv's task API: GET /list_environments,
 GET /{env}/splits, POST /{env}/tasks, /{env}/num_tasks, /{env}/task, /{env}/task_range (gold answers withheld
@@ -37,6 +43,7 @@ its transport.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import sys
@@ -47,10 +54,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from strop.envs.base import Environment
-from strop.envs.openenv_protocol import MAX_SESSIONS, SESSION_TTL_S, EnvService, ProtocolError, schemas
+from strop.envs.openenv_protocol import (MAX_SESSIONS, SESSION_IDLE_S, EnvService, ProtocolError, is_int, parse_json,
+                                         schemas)
 from strop.errors import StropError
 
 MAX_MESSAGE_BYTES = 1 << 20     # a client frame or request body; tool calls and resets are small
+READ_TIMEOUT_S = 10.0           # for a request's head, then for its body: a slow or silent client is dropped
+MAX_HEAD_BYTES = 16 << 10       # a request line and headers
 INSTALL = "pip install 'strop[openenv]'  (starlette, uvicorn, websockets)"
 
 
@@ -61,7 +71,8 @@ HTTP_ROUTES = {"/health": "get", "/schema": "get", "/metadata": "get", "/mcp": "
 
 def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None = None,
                  max_sessions: int = MAX_SESSIONS, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 session_ttl_s: float = SESSION_TTL_S, reveal_answers: bool = False):
+                 session_idle_s: float = SESSION_IDLE_S, read_timeout_s: float = READ_TIMEOUT_S,
+                 reveal_answers: bool = False):
     """An ASGI app (Starlette) speaking OpenEnv's protocol for the environments `env_factory` makes, one per
     session. `app.state.service` is its `EnvService`."""
     try:
@@ -72,20 +83,22 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
         from starlette.websockets import WebSocketDisconnect
     except ImportError:
         raise StropError(f"serving an environment over OpenEnv needs starlette and uvicorn: {INSTALL}") from None
-    service = EnvService(env_factory, max_sessions=max_sessions, session_ttl_s=session_ttl_s,
+    service = EnvService(env_factory, max_sessions=max_sessions, session_idle_s=session_idle_s,
                          reveal_answers=reveal_answers)
-    too_large = f"the message is over the server's limit of {max_message_bytes} bytes"
+    too_large = f"the message is over the server's limit of {max_message_bytes} bytes (--max-message-bytes)"
 
     async def read_json(request) -> Any:
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_message_bytes:
-                raise ProtocolError("MESSAGE_TOO_LARGE", too_large)
+        body = bytearray()
         try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ProtocolError("INVALID_JSON", f"the request body is not JSON ({exc})") from None
+            async with asyncio.timeout(read_timeout_s):
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > max_message_bytes:
+                        raise ProtocolError("MESSAGE_TOO_LARGE", too_large)
+        except TimeoutError:
+            raise ProtocolError("REQUEST_TIMEOUT", f"the request body did not arrive within {read_timeout_s:g} s; "
+                                                   "send it whole, at once") from None
+        return parse_json(bytes(body), "request body")
 
     async def health(request):
         return JSONResponse({"status": "healthy"})
@@ -157,7 +170,12 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
             else:
                 session = await service.create_session("ws")
             while True:
-                message = await websocket.receive()
+                try:
+                    message = await asyncio.wait_for(websocket.receive(), timeout=session_idle_s)
+                except TimeoutError:                    # an idle client must not hold a session forever
+                    raise ProtocolError("SESSION_IDLE", f"no message for {session_idle_s:g} s, so this session is "
+                                                        "closed (the server's --session-idle-timeout); connect "
+                                                        "again and reset") from None
                 if message["type"] == "websocket.disconnect":
                     break
                 raw = message["text"] if message.get("text") is not None else message.get("bytes") or b""
@@ -172,8 +190,11 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
                 if reply is None:
                     break
                 await websocket.send_text(json.dumps(reply, default=str))
-        except ProtocolError as exc:                    # refused: the server is full, or an unknown session
-            await websocket.send_text(json.dumps(exc.frame()))
+        except ProtocolError as exc:                    # refused (full, an unknown session) or idle too long
+            try:
+                await websocket.send_text(json.dumps(exc.frame()))
+            except (WebSocketDisconnect, RuntimeError):
+                pass
         except (WebSocketDisconnect, RuntimeError):     # the client went away mid-reply
             pass
         finally:
@@ -188,10 +209,19 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
             except Exception:  # noqa: BLE001 -- closed by the client already
                 pass
 
+    async def reap_forever():
+        while True:
+            await asyncio.sleep(min(60.0, session_idle_s / 4))
+            await service.reap_idle()
+
     @asynccontextmanager
     async def lifespan(app):
-        yield
-        await service.shutdown()
+        reaper = asyncio.create_task(reap_forever())  # idle HTTP-made sessions are closed without a new client
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await service.shutdown()
 
     routes = [Route("/health", health), Route("/schema", schema), Route("/metadata", metadata),
               Route("/openapi.json", openapi), Route("/list_environments", list_environments),
@@ -201,7 +231,7 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
               WebSocketRoute("/ws", ws_endpoint)]
     async def http_error(request, exc):
         if isinstance(exc, ProtocolError):
-            status = {"MESSAGE_TOO_LARGE": 413, "FACTORY_ERROR": 503}.get(exc.code, 400)
+            status = {"MESSAGE_TOO_LARGE": 413, "FACTORY_ERROR": 503, "REQUEST_TIMEOUT": 408}.get(exc.code, 400)
             return JSONResponse({"detail": exc.message, "code": exc.code}, status_code=status)
         return JSONResponse({"detail": f"{type(exc).__name__}: {exc}", "code": "EXECUTION_ERROR"}, status_code=500)
 
@@ -251,18 +281,68 @@ class RequireKey:
         await send({"type": "websocket.close", "code": 1008, "reason": "unauthorized"})
 
 
+def bounded_h11(read_timeout_s: float):
+    """uvicorn's HTTP/1.1 protocol with a deadline on request heads: a connection that has not sent a whole
+    request head within `read_timeout_s` of opening (or of its last reply) is closed. uvicorn alone waits forever
+    for a first request, and its keep-alive timer is reset by every byte, so one byte every few seconds (or none)
+    held a connection open for good. A WebSocket, once upgraded, is bounded by its session's idle timeout."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(read_timeout_s, self._head_timeout)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if self.cycle is not None and not self.cycle.response_complete:
+                return                  # a request is being served: its body has the app's own deadline
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def handle_websocket_upgrade(self, event) -> None:
+            self._disarm()
+            super().handle_websocket_upgrade(event)
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return BoundedH11Protocol
+
+
 class EnvServer:
     """A uvicorn server for an app from `make_env_app`, run in a background thread."""
 
     def __init__(self, app, *, host: str = "127.0.0.1", port: int = 8000,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES):
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, read_timeout_s: float = READ_TIMEOUT_S,
+                 max_connections: int = 4 * MAX_SESSIONS):
         try:
             import uvicorn
         except ImportError:
             raise StropError(f"serving an environment over OpenEnv needs uvicorn: {INSTALL}") from None
-        # frames up to 4x the cap still arrive and get a clear MESSAGE_TOO_LARGE; larger ones close the socket (1009)
+        # frames up to 4x the cap still arrive and get a clear MESSAGE_TOO_LARGE; larger ones close the socket
+        # (1009). Past max_connections open connections, HTTP requests get 503 until some close.
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                                ws_max_size=4 * max_message_bytes, timeout_graceful_shutdown=5)
+                                http=bounded_h11(read_timeout_s), h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+                                limit_concurrency=max_connections, ws_max_size=4 * max_message_bytes,
+                                timeout_graceful_shutdown=5)
         self.app, self.host = app, host
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
@@ -307,7 +387,8 @@ class EnvServer:
 
 def serve_env(env: str | Callable[[], Environment], *, host: str = "127.0.0.1", port: int = 8000,
               api_key: str | None = None, options: dict | None = None, max_sessions: int = MAX_SESSIONS,
-              max_message_bytes: int = MAX_MESSAGE_BYTES, reveal_answers: bool = False,
+              max_message_bytes: int = MAX_MESSAGE_BYTES, session_idle_s: float = SESSION_IDLE_S,
+              read_timeout_s: float = READ_TIMEOUT_S, reveal_answers: bool = False,
               block: bool = True) -> EnvServer:
     """Serve an environment (a strop name with `options` for `get_env`, or a factory) over OpenEnv's protocol.
     Binds 127.0.0.1 unless told otherwise; port 0 takes any free port (`server.url` says which). With
@@ -322,8 +403,9 @@ def serve_env(env: str | Callable[[], Environment], *, host: str = "127.0.0.1", 
         get_env(name, **opts).close()                         # a bad name or option fails here, not per session
         factory = lambda: get_env(name, **opts)                # noqa: E731
     app = make_env_app(factory, api_key=api_key, max_sessions=max_sessions, max_message_bytes=max_message_bytes,
-                       reveal_answers=reveal_answers)
-    server = EnvServer(app, host=host, port=port, max_message_bytes=max_message_bytes).start()
+                       session_idle_s=session_idle_s, read_timeout_s=read_timeout_s, reveal_answers=reveal_answers)
+    server = EnvServer(app, host=host, port=port, max_message_bytes=max_message_bytes, read_timeout_s=read_timeout_s,
+                       max_connections=max(64, 4 * max_sessions)).start()
     if block:
         print(f"strop: serving environment {env if isinstance(env, str) else 'from factory'} at {server.url} "
               "(OpenEnv protocol: WebSocket /ws, POST /mcp; Ctrl-C stops)", file=sys.stderr)
