@@ -91,27 +91,37 @@ class Worker:
             _child(grader, kwargs, write_end, self.reply)
         os.close(write_end)
         deadline = time.monotonic() + timeout
-        data, status, timed_out = b"", None, False
+        data, status, timed_out, overflow, eof = b"", None, False, False, False
+        exited = _pidfd(pid)  # readable once the child has exited, so waiting for it costs no polling
         try:
-            while status is None:
+            while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     timed_out = True
                     break
-                ready, _, _ = select.select([read_end], [], [], min(left, 0.05))
-                if ready:
+                watch = ([] if eof else [read_end]) + ([exited] if exited is not None else [])
+                tick = left if exited is not None else min(left, 0.005)
+                ready, _, _ = select.select(watch, [], [], tick)
+                if read_end in ready:
                     chunk = os.read(read_end, 1 << 16)
+                    eof = not chunk
                     data += chunk
                     if len(data) > RESULT_LIMIT:
-                        return {"error": f"the grader wrote more than {RESULT_LIMIT} bytes into strop's result "
-                                         f"channel; a grader returns one number", "kind": "channel"}
+                        overflow = True
+                        break
                 done, code = os.waitpid(pid, os.WNOHANG)
                 if done:
                     status = code
-            self._sweep(pid, reaped=status is not None)  # the child, and anything it started, is gone before the rest is read
+                    break
+            self._sweep(pid, reaped=status is not None)  # the child and all it started are gone before the rest is read
             data += _drain(read_end)
         finally:
             os.close(read_end)
+            if exited is not None:
+                os.close(exited)
+        if overflow:
+            return {"error": f"the grader wrote more than {RESULT_LIMIT} bytes into strop's result channel; a grader "
+                             f"returns one number", "kind": "channel"}
         if timed_out:
             return {"error": f"timed out after {timeout:g} s", "kind": "timeout"}
         if os.WIFSIGNALED(status) and not data:
@@ -155,6 +165,13 @@ class Worker:
                 if time.monotonic() > end:
                     raise RuntimeError("processes the grader started could not be reaped")
                 time.sleep(0.002)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python or a kernel without pidfds (Linux < 5.3): poll instead
+        return None
 
 
 def _drain(fd: int) -> bytes:
