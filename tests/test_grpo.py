@@ -165,3 +165,29 @@ def test_prompts_too_long_for_max_seq_length_are_refused_up_front(tiny_model_dir
     with pytest.raises(StropError, match="max_seq_length"):
         run_grpo(config, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+# --- steps and passes (seed 003: "100 steps make four passes over a 200-row subset") ------------------------
+
+def test_max_steps_is_the_number_of_steps_and_the_rows_are_passed_over_as_often_as_it_takes():
+    from strop.rl.grpo import StepBatches, count_steps
+    seed_003 = GRPOConfig(base_model="strop/tiny-random", dataset="synthetic:add", batch_size=8, epochs=1,
+                          max_steps=100)
+    assert count_steps(200, seed_003) == (100, 4)
+    config = GRPOConfig(base_model="strop/tiny-random", dataset="synthetic:add", batch_size=8, max_steps=6)
+    batches = StepBatches(16, config)
+    assert (len(batches), batches.passes) == (6, 3)
+    passes = [sorted(i for step in range(p * 2, p * 2 + 2) for i in batches[step]) for p in range(3)]
+    assert passes == [list(range(16))] * 3  # each pass takes every row once
+    assert batches[0] != batches[2]  # and is shuffled afresh
+    assert [batches.pass_of(s) for s in range(6)] == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(IndexError):
+        batches[6]
+
+
+def test_without_max_steps_epochs_passes_are_made_and_a_short_last_batch_is_kept():
+    from strop.rl.grpo import StepBatches, count_steps
+    config = GRPOConfig(base_model="strop/tiny-random", dataset="synthetic:add", batch_size=4, epochs=2)
+    assert count_steps(10, config) == (6, 2)
+    batches = StepBatches(10, config)
+    assert [len(batches[s]) for s in range(6)] == [4, 4, 2, 4, 4, 2]

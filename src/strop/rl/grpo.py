@@ -95,14 +95,40 @@ def check_memory(renderer, rows: list[Row], config: GRPOConfig, model_dir, longe
     return plan["tokensPerMicroBatch"]
 
 
-def step_batches(n_rows: int, config: GRPOConfig) -> list[list[int]]:
-    """Row indices for every step: each epoch a fresh seeded shuffle, cut into batches (the last may be short)."""
-    batches = []
-    for epoch in range(config.epochs):
-        order = list(range(n_rows))
-        random.Random(config.seed * 1000 + epoch).shuffle(order)
-        batches.extend(order[i:i + config.batch_size] for i in range(0, n_rows, config.batch_size))
-    return batches[: config.max_steps] if config.max_steps else batches
+def count_steps(n_rows: int, config: GRPOConfig) -> tuple[int, int]:
+    """(steps, passes over the rows) a run makes. `max_steps` is the number of steps, the rows passed over as often
+    as that takes (HF Trainer's convention: max_steps overrides epochs); without it, `epochs` passes."""
+    per_pass = max(1, math.ceil(n_rows / config.batch_size))
+    if config.max_steps:
+        return config.max_steps, math.ceil(config.max_steps / per_pass)
+    return config.epochs * per_pass, config.epochs
+
+
+class StepBatches:
+    """Row indices of each step: each pass a fresh seeded shuffle of the rows, cut into batches (a pass's last
+    batch may be short). Made one pass at a time, so a long run holds one shuffle, not all of them."""
+
+    def __init__(self, n_rows: int, config: GRPOConfig):
+        self.n_rows, self.batch_size, self.seed = n_rows, config.batch_size, config.seed
+        self.per_pass = max(1, math.ceil(n_rows / config.batch_size))
+        self.steps, self.passes = count_steps(n_rows, config)
+        self._pass, self._order = None, []
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, step: int) -> list[int]:
+        if not 0 <= step < self.steps:
+            raise IndexError(step)
+        index, within = divmod(step, self.per_pass)
+        if index != self._pass:
+            self._order = list(range(self.n_rows))
+            random.Random(self.seed * 1000 + index).shuffle(self._order)
+            self._pass = index
+        return self._order[within * self.batch_size:(within + 1) * self.batch_size]
+
+    def pass_of(self, step: int) -> int:
+        return step // self.per_pass
 
 
 def score_group(renderer, terms, row: Row, prompt, sequences) -> Group:
@@ -222,12 +248,12 @@ def _train(config: GRPOConfig, run_dir: Path, rows, pool, sandbox, *, service, p
     config.save(run_dir / "config.json")
     if on_start is not None:
         on_start(run_dir, start_step)
-    batches = step_batches(len(rows), config)
+    batches = StepBatches(len(rows), config)
     log = RunLog(run_dir, start_step=start_step)
     bar = _progress(len(batches), start_step, progress)
     try:
         for step in range(start_step, len(batches)):
-            epoch = step // max(1, math.ceil(len(rows) / config.batch_size))
+            epoch = batches.pass_of(step)
             batch = [rows[i] for i in batches[step]]
             if pool is not None:
                 from strop.rl.multiturn import train_env_step
