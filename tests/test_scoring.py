@@ -343,3 +343,19 @@ def test_reward_term_is_frozen_and_validated():
         RewardTerm("t", float("nan"), boom)
     with pytest.raises(StropError):
         RewardTerm("t", 1.0, "builtin:gsm8k")
+
+
+def test_a_bundle_folder_is_checked_module_by_module_in_the_sandbox(tmp_path):
+    from strop.scoring import check_bundle_folder
+    folder = make_bundle(tmp_path / "b", {
+        "grading.py": "def compute_score(data_source=None, solution_str=None, ground_truth=None, extra_info=None):\n"
+                      "    return 1.0\n",
+        "fmt.py": "from helpers import X\ndef compute_score(**kw):\n    return X\n",
+        "helpers.py": "X = 0.1\n"})
+    assert check_bundle_folder(folder) == (["fmt", "grading"], None)
+    none = make_bundle(tmp_path / "none", {"helpers.py": "X = 1\n"})
+    modules, problem = check_bundle_folder(none)
+    assert modules == [] and "looked at: helpers.py" in problem and "--module NAME" in problem
+    (folder / "broken.py").write_text("import not_a_module_anywhere\ncompute_score = None\n")
+    modules, problem = check_bundle_folder(folder)
+    assert modules == [] and problem.startswith("module 'broken'") and "not_a_module_anywhere" in problem

@@ -98,19 +98,25 @@ def split_ref(ref: str) -> tuple[str, str, str]:
     return directory, module.strip() or DEFAULT_MODULE, function.strip() or DEFAULT_FUNCTION
 
 
-def locate(directory: str | Path, module: str = DEFAULT_MODULE, function: str = DEFAULT_FUNCTION) -> tuple[Path, Path]:
-    """(the bundle's resolved folder, the module's file), checked without importing anything; BundleError saying
-    what to fix when either is missing."""
-    where = f"{directory}#{module}:{function}"
+def locate_folder(directory: str | Path, where: str | None = None, module: str | None = None) -> Path:
+    """The bundle's resolved folder; BundleError saying what to fix when it is missing or a file."""
     root = Path(directory).expanduser()
     if not root.exists():
-        raise BundleError(f"scoring bundle directory {str(directory)!r} does not exist (in {where!r}): pass a "
-                          f"directory holding {DEFAULT_MODULE}.py, e.g. './scoring#reward:compute_score'.")
+        holding = f"holding {module}.py" if module else "of Python modules"
+        raise BundleError(f"scoring bundle directory {str(directory)!r} does not exist (in {where or directory!r}): "
+                          f"pass a directory {holding}, e.g. './scoring#reward:compute_score'.")
     if not root.is_dir():
         hint = f" Did you mean '{root.parent}#{root.stem}'?" if root.suffix == ".py" else ""
         raise BundleError(f"scoring bundle {str(directory)!r} is a file, not a directory: pass the directory that "
                           f"holds the module and name the module after '#'.{hint}")
-    root = root.resolve()
+    return root.resolve()
+
+
+def locate(directory: str | Path, module: str = DEFAULT_MODULE, function: str = DEFAULT_FUNCTION) -> tuple[Path, Path]:
+    """(the bundle's resolved folder, the module's file), checked without importing anything; BundleError saying
+    what to fix when either is missing."""
+    where = f"{directory}#{module}:{function}"
+    root = locate_folder(directory, where, module)
     if not all(part.isidentifier() for part in module.split(".")):
         raise BundleError(f"scoring bundle module {module!r} (in {where!r}) is not a Python module name: name the .py "
                           f"file without its suffix, e.g. '#reward' for reward.py.")
@@ -227,17 +233,46 @@ def check_bundle(path: str | Path, module: str = DEFAULT_MODULE, function: str =
     """
     from strop.scoring.sandbox import SandboxError, SandboxPool
     try:
-        locate(path, module, function)
+        root, _ = locate(path, module, function)
         with SandboxPool(workers=1, timeout=timeout_s, import_timeout=timeout_s) as pool:
-            pool.call(f"{Path(path).expanduser().resolve()}#{module}:{function}", None)
+            pool.call(f"{root}#{module}:{function}", None)
     except SandboxError as exc:
-        if exc.kind == "timeout":
-            return (f"checking scoring bundle {str(path)!r} timed out after {timeout_s:g} s: importing {module}.py "
-                    f"must not block or do long work at import time; move it into the function or a cache.")
-        if exc.kind in ("died", "memory", "channel"):
-            return (f"checking scoring bundle {str(path)!r} failed: {exc}; importing {module}.py must not exit, "
-                    f"crash or write to the standard output's channel.")
-        return str(exc)
+        return _check_problem(exc, path, module, timeout_s)
     except StropError as exc:
         return str(exc)
     return None
+
+
+def check_bundle_folder(path: str | Path, function: str = DEFAULT_FUNCTION,
+                        *, timeout_s: float = 60.0) -> tuple[list[str], str | None]:
+    """Every top-level module of a bundle folder that defines `function`, each imported and checked in the sandbox
+    (its source is read there too). ([those modules], None), or ([], the error a person should see)."""
+    from strop.scoring.sandbox import SandboxError, SandboxPool
+    module = None
+    try:
+        root = locate_folder(path)
+        with SandboxPool(workers=1, timeout=timeout_s, import_timeout=timeout_s) as pool:
+            found = pool.grader_modules(root, function)
+            modules = [name for name, defines in found.items() if defines]
+            if not modules:
+                looked = ", ".join(f"{name}.py" for name in found) or "none: it has no .py file at its top level"
+                return [], (f"no module in {str(path)!r} defines {function} (the modules looked at: {looked}). "
+                            f"Define `def {EXPECTED_SIGNATURE}:` in one of them, or name the module and function "
+                            f"to check with --module NAME --function NAME.")
+            for module in modules:
+                pool.call(f"{root}#{module}:{function}", None)
+    except SandboxError as exc:
+        return [], (f"module {module!r}: " if module else "") + _check_problem(exc, path, module or "?", timeout_s)
+    except StropError as exc:
+        return [], str(exc)
+    return modules, None
+
+
+def _check_problem(exc, path, module: str, timeout_s: float) -> str:
+    if exc.kind == "timeout":
+        return (f"checking scoring bundle {str(path)!r} timed out after {timeout_s:g} s: importing {module}.py "
+                f"must not block or do long work at import time; move it into the function or a cache.")
+    if exc.kind in ("died", "memory", "channel"):
+        return (f"checking scoring bundle {str(path)!r} failed: {exc}; importing {module}.py must not exit, "
+                f"crash or write to the standard output's channel.")
+    return str(exc)

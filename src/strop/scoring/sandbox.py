@@ -249,16 +249,26 @@ class SandboxPool:
         except SandboxError as exc:
             raise SandboxError(f"grader {ref}: {exc}", exc.kind) from None
 
+    def grader_modules(self, folder: str | Path, function: str = "compute_score") -> dict[str, bool]:
+        """Each top-level module of a bundle folder -> whether it defines `function`; read in a worker (untrusted
+        source is parsed there too), from the pinned content."""
+        bundle, _, _ = self._target(f"{Path(folder).expanduser().resolve()}#__scan__:{function}", locate_module=False)
+        reply = self._request(bundle, {"op": "scan", "module": "__scan__", "function": function}, loading=False)
+        return {str(k): bool(v) for k, v in reply.get("modules", {}).items()}
+
     def call(self, ref: str, kwargs: dict | None) -> float:
         return self._run(self._target(ref), kwargs)
 
-    def _target(self, ref: str) -> tuple[_Bundle, str, str]:
-        from strop.scoring.bundles import locate, split_ref
+    def _target(self, ref: str, *, locate_module: bool = True) -> tuple[_Bundle, str, str]:
+        from strop.scoring.bundles import locate, locate_folder, split_ref
         ref = str(ref).strip()
         if ref.startswith("builtin:"):
             raise StropError(f"{ref} is a built-in grader; it runs in-process, not in a sandbox")
         directory, module, function = split_ref(ref.removeprefix("bundle:"))
-        root, _ = locate(directory, module, function)  # the same checks and messages as load_grader, no import
+        if locate_module:
+            root, _ = locate(directory, module, function)  # the same checks and messages as load_grader, no import
+        else:
+            root = locate_folder(directory)
         with self._lock:
             bundle = self._bundles.get(root)
         if bundle is None:
@@ -270,21 +280,28 @@ class SandboxPool:
 
     def _run(self, target: tuple[_Bundle, str, str], kwargs: dict | None) -> float:
         bundle, module, function = target
-        request = {"id": secrets.token_hex(16), "op": "load" if kwargs is None else "call", "module": module,
-                   "function": function, "kwargs": kwargs, "timeout": self.timeout}
+        request = {"op": "load" if kwargs is None else "call", "module": module, "function": function,
+                   "kwargs": kwargs, "timeout": self.timeout}
+        reply = self._request(bundle, request, loading=True)
+        return float(reply["value"])  # a finite number, or "nan" / "inf" / "-inf" for score_terms to refuse
+
+    def _request(self, bundle: _Bundle, request: dict, *, loading: bool) -> dict:
+        """Send one request to a worker of the bundle (started if none is idle); its reply, or SandboxError."""
+        request = {**request, "id": secrets.token_hex(16)}
+        key, calling = (request["module"], request["function"]), request["op"] == "call"
         with self._slots:
             with self._lock:
                 worker = bundle.idle.pop() if bundle.idle else None
             if worker is None:
                 worker = _Worker(self, bundle)
-            loading = (module, function) not in worker.loaded
-            budget = (self.import_timeout if loading else 0) + (self.timeout if kwargs is not None else 0) + GRACE
+            importing = loading and key not in worker.loaded
+            budget = (self.import_timeout if importing else 0) + (self.timeout if calling else 0) + GRACE
             try:
                 reply = worker.call(request, budget)
             except TimeoutError:
                 worker.kill()
                 self._replaced()
-                what = f"importing {module}" if loading and kwargs is None else "the call"
+                what = f"importing {key[0]}" if importing and not calling else "the call"
                 raise SandboxError(f"timed out after {budget - GRACE:g} s ({what}; the worker was killed and "
                                    f"replaced)", "timeout") from None
             except _Compromised:
@@ -299,15 +316,15 @@ class SandboxPool:
                 if oom:
                     raise SandboxError(self._oom_reason(), "memory") from None
                 raise SandboxError(reason, "died") from None
-            if "error" not in reply:
-                worker.loaded.add((module, function))
+            if "error" not in reply and loading:
+                worker.loaded.add(key)
             with self._lock:
                 bundle.idle.append(worker)
         if "error" in reply:
             if reply.get("signal") == signal.SIGKILL and worker.out_of_memory():
                 raise SandboxError(self._oom_reason(), "memory")
             raise SandboxError(reply["error"], reply.get("kind", "error"))
-        return float(reply["value"])  # a finite number, or "nan" / "inf" / "-inf" for score_terms to refuse
+        return reply
 
     def _oom_reason(self) -> str:
         return (f"out of memory: the grader's processes together passed the {self.memory_mb} MB limit and the "

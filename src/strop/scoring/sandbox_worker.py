@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 _AS_SCORE = None  # strop.scoring.terms._as_score, bound in main()
-RESULT_LIMIT = 1 << 20  # bytes a call's result may take; a grader returns one number
+RESULT_LIMIT = 1 << 20
+MODULE_BYTES = 4 << 20  # a module larger than this is not read for its names  # bytes a call's result may take; a grader returns one number
 REAP_SECONDS = 5.0
 
 
@@ -62,6 +63,9 @@ class Worker:
             if op == "load":
                 self._load(*key)
                 return {"value": 0.0}
+            if op == "scan":
+                self._verify()
+                return {"value": 0.0, "modules": grader_modules(self.bundle, key[1])}
             if op == "call":
                 if key not in self.graders:
                     self._load(*key)
@@ -73,15 +77,18 @@ class Worker:
             self._sweep()  # an import or a call may have left processes behind
 
     def _load(self, module: str, function: str) -> None:
-        from strop.errors import BundleError
         from strop.scoring.bundles import load_bundle
         if (module, function) in self.graders:
             return
+        self._verify()
+        self.graders[(module, function)] = load_bundle(self.bundle, module, function)
+
+    def _verify(self) -> None:
+        from strop.errors import BundleError
         actual = _digest(self.bundle)
         if actual != self.sha256:
             raise BundleError(f"the bundle's files changed after it was pinned (sha256 {self.sha256[:12]}, now "
                               f"{actual[:12]}); refusing to import code nobody checked. Register or pass it again.")
-        self.graders[(module, function)] = load_bundle(self.bundle, module, function)
 
     def _call(self, grader, kwargs: dict, timeout: float) -> dict:
         read_end, write_end = os.pipe()
@@ -165,6 +172,33 @@ class Worker:
                 if time.monotonic() > end:
                     raise RuntimeError("processes the grader started could not be reaped")
                 time.sleep(0.002)
+
+
+def grader_modules(folder: str, function: str) -> dict[str, bool]:
+    """Each top-level module of the folder -> whether it defines `function` at module level (a def, an assignment
+    or an import of that name), read from its syntax tree without running it."""
+    import ast
+    found = {}
+    for file in sorted(Path(folder).glob("*.py")):
+        if not file.stem.isidentifier() or file.stat().st_size > MODULE_BYTES:
+            found[file.stem] = False
+            continue
+        try:
+            tree = ast.parse(file.read_bytes(), filename=file.name)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            found[file.stem] = True  # importing it will say what is wrong, with the line
+            continue
+        names = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+        found[file.stem] = function in names
+    return found
 
 
 def _pidfd(pid: int) -> int | None:
