@@ -401,3 +401,32 @@ def test_the_cli_refuses_unconfined_bundles_and_says_how_to_allow_them(home, att
     allowed = subprocess.run([argv[0], *argv[1:3], "--allow-unconfined-graders", *argv[3:]], capture_output=True,
                              text=True, timeout=120, env=env)
     assert allowed.returncode == 0, allowed.stderr
+
+
+ROOT_ONLY = '''
+def compute_score(extra_info=None, **kw):
+    try:
+        with open(extra_info["path"], "rb") as handle:
+            return float(len(handle.read()) > 0)
+    except OSError:
+        return 0.0
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/etc/shadow"), reason="needs root and /etc/shadow")
+@needs_bwrap
+def test_a_grader_started_by_root_cannot_read_roots_own_files(tmp_path):
+    assert confine.detect().run_as == confine.NOBODY, confine.detect().describe()
+    bundle = make_bundle(tmp_path / "b", ROOT_ONLY)
+    with SandboxPool(timeout=10.0) as pool:
+        assert pool.grader(str(bundle))(extra_info={"path": "/etc/shadow"}) == 0.0
+        assert pool.grader(str(bundle))(extra_info={"path": "/etc/hostname"}) == 1.0  # others' files it may read
+
+
+def test_a_private_bundle_folder_still_grades(tmp_path):
+    """Root's sandboxes grade as another user; a bundle only root can read is graded from a readable snapshot."""
+    bundle = make_bundle(tmp_path / "b", "def compute_score(**kw):\n    return 0.75\n")
+    (bundle / "reward.py").chmod(0o600)
+    bundle.chmod(0o700)
+    with SandboxPool(timeout=10.0) as pool:
+        assert pool.grader(str(bundle))(solution_str="x") == 0.75

@@ -86,6 +86,9 @@ def start(model: str, dataset: str, grader: str = "builtin:gsm8k", *, samples: i
         raise EvaluationError("an evaluation needs a dataset: --dataset NAME, or dataset: in --config")
     resolved = resolve_model(model)
     parse_grader(grader)
+    if not grader.strip().startswith("builtin:"):
+        from strop.scoring.confine import detect
+        detect().require()  # refused here, with the reason, rather than in the background worker
     judge_settings = None
     if judge is not None or judge_metrics:
         from strop.evals.judge import metrics_from

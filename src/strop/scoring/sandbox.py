@@ -88,6 +88,17 @@ def _drop_capabilities() -> None:
                 break  # EINVAL past the last capability, EPERM without CAP_SETPCAP: nothing more to do
 
 
+def _readable_by_others(root: Path) -> bool:
+    import stat
+    for folder, dirs, files in os.walk(root):
+        if os.stat(folder).st_mode & 0o005 != 0o005:
+            return False
+        for name in files:
+            if os.stat(os.path.join(folder, name)).st_mode & stat.S_IROTH == 0:
+                return False
+    return True
+
+
 class SandboxError(StropError):
     """One sandboxed grader call failed: it raised, hung, crashed, or returned nothing usable. `kind` says how:
     "error" (it raised or returned a non-number), "timeout", "died" (its worker), "memory" (the group's limit)
@@ -106,6 +117,7 @@ class _Compromised(Exception):
 class _Bundle:
     folder: Path
     sha256: str
+    mount: Path  # what the workers see: the folder, or a snapshot of it that their user can read
     idle: list = field(default_factory=list)
 
 
@@ -120,10 +132,10 @@ class _Worker:
                     "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"})
         # the parent's own sys.path entries, so strop itself imports in the worker however it was installed
         env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
-        argv = [sys.executable, "-m", "strop.scoring.sandbox_worker", str(bundle.folder), bundle.sha256,
-                str(pool.processes if conf.confined else 0)]
+        argv = [sys.executable, "-m", "strop.scoring.sandbox_worker", str(bundle.mount), bundle.sha256,
+                str(pool.processes if conf.confined else 0), str(conf.run_as if conf.confined else -1)]
         if conf.confined:
-            argv = conf.wrap(argv, bundle=bundle.folder, hide=pool.hide, tmp_mb=pool.tmp_mb)
+            argv = conf.wrap(argv, bundle=bundle.mount, hide=pool.hide, tmp_mb=pool.tmp_mb)
         self.limit = confine.GroupLimit.create(memory_mb=pool.memory_mb, processes=pool.processes) \
             if conf.confined else None
         self.oom_before = 0
@@ -273,7 +285,8 @@ class SandboxPool:
             bundle = self._bundles.get(root)
         if bundle is None:
             from strop.store.artifacts import dir_sha256
-            bundle = _Bundle(root, dir_sha256(root))  # pinned now: a worker imports only this content
+            sha = dir_sha256(root)  # pinned now: a worker imports only this content
+            bundle = _Bundle(root, sha, self._readable_copy(root, sha))
             with self._lock:
                 bundle = self._bundles.setdefault(root, bundle)
         return bundle, module, function
@@ -325,6 +338,24 @@ class SandboxPool:
                 raise SandboxError(self._oom_reason(), "memory")
             raise SandboxError(reply["error"], reply.get("kind", "error"))
         return reply
+
+    def _readable_copy(self, root: Path, sha: str) -> Path:
+        """The folder itself, or, where the workers run as another user (root's sandboxes) and some of it is not
+        readable by others, a snapshot that is (in this pool's private folder; the worker still checks its
+        sha256 before every import)."""
+        if self.confinement.run_as < 0 or _readable_by_others(root):
+            return root
+        from strop.store.artifacts import dir_sha256
+        snapshot = self.log_dir / "bundles" / sha[:16]
+        if not snapshot.exists():
+            shutil.copytree(root, snapshot, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            for folder, dirs, files in os.walk(snapshot):
+                os.chmod(folder, 0o755)
+                for name in files:
+                    os.chmod(os.path.join(folder, name), 0o644)
+        if dir_sha256(snapshot) != sha:
+            raise SandboxError(f"the bundle {root} changed while it was being copied; try again", "error")
+        return snapshot
 
     def _oom_reason(self) -> str:
         return (f"out of memory: the grader's processes together passed the {self.memory_mb} MB limit and the "

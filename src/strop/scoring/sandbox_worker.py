@@ -1,6 +1,6 @@
 """The worker side of the grader sandbox: one process per bundle version, one forked child per call.
 
-    python -m strop.scoring.sandbox_worker BUNDLE_DIR SHA256 PROCESSES
+    python -m strop.scoring.sandbox_worker BUNDLE_DIR SHA256 PROCESSES RUN_AS
 
 Started by `SandboxPool` (inside bubblewrap where the machine allows). It reads requests, one JSON line each,
 on stdin and answers each on its own reply channel (the stdout it started with; the grader's prints go to
@@ -81,10 +81,19 @@ class Worker:
         if (module, function) in self.graders:
             return
         self._verify()
-        self.graders[(module, function)] = load_bundle(self.bundle, module, function)
+        try:
+            self.graders[(module, function)] = load_bundle(self.bundle, module, function)
+        except PermissionError as exc:
+            raise PermissionError(f"{exc}. Graders run as an unprivileged user (uid {os.getuid()}): make the bundle's "
+                                  f"files readable by others (chmod -R o+rX on its folder)") from None
 
     def _verify(self) -> None:
         from strop.errors import BundleError
+        for folder, _, files in os.walk(self.bundle, onerror=_raise):  # the digest would skip what it cannot read
+            for name in files:
+                if not os.access(os.path.join(folder, name), os.R_OK):
+                    raise BundleError(f"{os.path.join(folder, name)} cannot be read by the grader's user (uid "
+                                      f"{os.getuid()}): make the bundle's files readable (chmod -R o+rX on its folder)")
         actual = _digest(self.bundle)
         if actual != self.sha256:
             raise BundleError(f"the bundle's files changed after it was pinned (sha256 {self.sha256[:12]}, now "
@@ -172,6 +181,10 @@ class Worker:
                 if time.monotonic() > end:
                     raise RuntimeError("processes the grader started could not be reaped")
                 time.sleep(0.002)
+
+
+def _raise(error: OSError) -> None:
+    raise error
 
 
 def grader_modules(folder: str, function: str) -> dict[str, bool]:
@@ -272,7 +285,13 @@ def _undumpable() -> None:
 
 
 def main(argv: list[str]) -> None:
-    bundle, sha256, processes = argv[0], argv[1], int(argv[2])
+    bundle, sha256, processes, run_as = argv[0], argv[1], int(argv[2]), int(argv[3])
+    if run_as >= 0 and os.getuid() == 0:
+        # a root sandbox: become an unprivileged user before anything of the bundle's is read, so root's own files
+        # are closed to the grader; the capabilities go with the uid
+        os.setgroups([])
+        os.setgid(run_as)
+        os.setuid(run_as)
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the grader's prints go to the log, never into the protocol
     for number in (signal.SIGINT, signal.SIGTERM):
