@@ -266,3 +266,63 @@ def test_deep_json_and_huge_names_get_short_clear_errors(finance_server):
             ws.send(frame)
             reply = ws.recv(timeout=10)
             assert json.loads(reply)["data"]["code"] == code and len(reply) < 1_000, reply[:200]
+
+
+# ---- what a model reads of any environment, and what a client takes from any server --------------------------
+
+def test_a_huge_observation_reaches_the_model_cut_with_a_marker(tiny_model_dir):
+    import strop
+    from strop import model_info
+    from strop.renderers import get_renderer
+    from strop.rl.multiturn import OBSERVATION_CHARS, _act, run_episodes
+    from strop.tokenizer_utils import get_tokenizer
+
+    server = serve_env(FloodEnv, port=0, block=False)                    # 5 MB a reset, 5 MB a step
+    try:
+        env = RemoteEnv(server.url, timeout=30)
+        model = str(tiny_model_dir)
+        sampler = strop.ServiceClient().create_sampling_client(base_model=model)
+        renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
+        [[episode]] = run_episodes(sampler, renderer, [env], env.tasks("train", 1), group_size=1, max_tokens=2,
+                                   max_turns=1, seed=0)
+        first = episode.messages[0]["content"]
+        assert len(first) < OBSERVATION_CHARS + 100 and "observation truncated: 5,000,000 characters" in first
+        assert episode.turns[0].prompt.length < 2 * OBSERVATION_CHARS         # what the sampler was given
+        seen = _act(episode, env, '<tool_call>{"name": "look", "arguments": {}}</tool_call>')
+        assert len(seen) < OBSERVATION_CHARS + 100 and seen.endswith("only the first 16,000 shown]")
+        env.close()
+    finally:
+        server.stop()
+
+
+def test_a_server_sending_a_nan_reward_is_refused():
+    server = serve_env(lambda: FloodEnv(size=10, reward=float("nan")), port=0, block=False)
+    try:
+        with RemoteEnv(server.url, timeout=10) as env:
+            env.reset(env.tasks("train", 1)[0])
+            with pytest.raises(RemoteEnvError, match="reward 'nan', which is not a finite number"):
+                env.step(ToolCall("look", {}))
+    finally:
+        server.stop()
+
+
+def test_a_server_answering_with_megabytes_is_refused():
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from loopback import send_json
+
+    class Flood(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            send_json(self, 200, {"name": "x" * 8_000_000})
+
+    flood = ThreadingHTTPServer(("127.0.0.1", 0), Flood)
+    threading.Thread(target=flood.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RemoteEnvError, match="over 1048576 bytes"):
+            RemoteEnv(f"http://127.0.0.1:{flood.server_port}", max_message_bytes=1 << 20)
+    finally:
+        flood.shutdown()
+        flood.server_close()

@@ -14,11 +14,16 @@ list_tools action. A tool's result becomes the observation's text (the MCP text 
 `data`); a tool that failed on the server is an observation saying so, as strop's protocol wants. Reset sends the
 task's id, split and index (`task.meta["index"]` from the task API); OpenEnv servers ignore the fields their
 environment does not take.
+
+A server is not trusted: an answer over `max_message_bytes`, one that is not JSON, or a reward that is not a
+finite number is a RemoteEnvError naming the server, never a crash or a NaN in training. (How much of an
+observation a model reads is `strop.rl.multiturn.cap_observation`'s to bound.)
 """
 
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -95,8 +100,13 @@ class RemoteEnv:
         info = dict(observation.get("info") or {})
         if observation.get("error"):
             info["toolError"] = observation["error"]
+        reward = payload.get("reward")
+        if reward is not None and (not isinstance(reward, (int, float)) or isinstance(reward, bool)
+                                   or not math.isfinite(reward)):
+            raise RemoteEnvError(f"{self.url} answered {call.name} with reward {str(reward)[:50]!r}, which is not a "
+                                 "finite number; the episode cannot be scored (a bug in that server's environment?)")
         return StepResult(Observation(observation_text(observation), dict(observation.get("metadata") or {})),
-                          reward=float(payload.get("reward") or 0.0), done=bool(payload.get("done")), info=info)
+                          reward=float(reward or 0.0), done=bool(payload.get("done")), info=info)
 
     def state(self) -> dict[str, Any]:
         return dict(self._request({"type": "state"})["data"])
@@ -148,6 +158,10 @@ class RemoteEnv:
             except ConnectionClosed:
                 pass        # a refusing server (full, wrong key) sends its error frame and closes: read that
             reply = json.loads(self._ws.recv(timeout=self.timeout))
+        except (ValueError, RecursionError):        # not JSON (JSONDecodeError is a ValueError)
+            self.close()
+            raise RemoteEnvError(f"{self.url} answered {message['type']} with a frame that is not JSON; the "
+                                 "connection was dropped (is this an OpenEnv server?)") from None
         except TimeoutError:
             self.close()        # a late reply would pair with the next request: drop the connection
             raise RemoteEnvError(f"{self.url} did not answer {message['type']} within {self.timeout:g} s; the "
@@ -155,6 +169,10 @@ class RemoteEnv:
         except ConnectionClosed as exc:
             self._ws = None
             raise RemoteEnvError(f"{self.url} closed the connection ({exc}); reset to start again") from None
+        if not isinstance(reply, dict) or not isinstance(reply.get("data") or {}, dict):
+            self.close()
+            raise RemoteEnvError(f"{self.url} answered {message['type']} with {str(reply)[:100]!r}, not an OpenEnv "
+                                 "frame ({'type': ..., 'data': {...}}); the connection was dropped")
         if reply.get("type") == "error":
             data = reply.get("data") or {}
             if data.get("code") in ("UNAUTHORIZED", "CAPACITY_REACHED", "FACTORY_ERROR"):
@@ -170,9 +188,9 @@ class RemoteEnv:
         handlers = [urllib.request.ProxyHandler({})] if self._local else []
         try:
             with urllib.request.build_opener(*handlers).open(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
+                text = response.read(self.max_message_bytes + 1)
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
+            detail = exc.read(500).decode(errors="replace")
             try:
                 detail = json.loads(detail).get("detail", detail)
             except (ValueError, AttributeError):
@@ -180,6 +198,14 @@ class RemoteEnv:
             raise RemoteEnvError(f"{method} {self.url}{path}: HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise RemoteEnvError(f"cannot reach {self.url}{path}: {exc}; is the server running?") from None
+        if len(text) > self.max_message_bytes:
+            raise RemoteEnvError(f"{method} {self.url}{path}: the answer is over {self.max_message_bytes} bytes "
+                                 "(RemoteEnv's max_message_bytes); is this an OpenEnv server?")
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            raise RemoteEnvError(f"{method} {self.url}{path}: the answer is not JSON: {text[:100]!r}; is this an "
+                                 "OpenEnv server?") from None
 
     def _metadata(self) -> dict:
         try:

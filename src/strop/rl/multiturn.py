@@ -6,7 +6,9 @@
 Each turn the whole conversation so far is rendered (tools described Hermes-style, or in the chat template's
 own format) and the model samples one reply. A `<tool_call>` in it goes to the environment and the tool's reply
 becomes the next message; a call that cannot be parsed, or a reply with no call, gets an observation saying
-so. The episode ends when the environment says done or after `max_turns` replies.
+so. The episode ends when the environment says done or after `max_turns` replies. Whatever an environment
+returns (a remote one included), the model reads at most OBSERVATION_CHARS characters of it, with a line saying
+what was cut (`cap_observation`).
 
 Training: each turn is one datum, its prompt (everything the model read, observations included) masked and
 only the tokens the model sampled trained, all with the episode's group-relative advantage. The prompt of a
@@ -25,6 +27,7 @@ from strop.errors import StropError
 from strop.renderers import get_text_content
 from strop.renderers.tools import STOP, parse_tool_calls
 
+OBSERVATION_CHARS = 16_000  # ~4,000 tokens: a page of rows; one 37 MB observation would have gone in whole
 NO_CALL = ("No tool call found. Call a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; "
            "give your final answer with the submit_answer tool.")
 
@@ -74,7 +77,7 @@ def run_episodes(sampler, renderer, envs, tasks: list[Task], *, group_size: int,
             env = envs[t * group_size + g]
             first = env.reset(task)
             messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-            messages.append({"role": "user", "content": first.content})
+            messages.append({"role": "user", "content": cap_observation(first.content)})
             episodes.append(Episode(task=task, messages=messages))
             owners.append(env)
     stops = [*renderer.get_stop_sequences(), STOP]
@@ -110,7 +113,7 @@ def _act(episode: Episode, env, text: str) -> str:
         episode.parse_errors += 1
         return problems[0] + " Write the call again as valid JSON." if problems else NO_CALL
     result = call_tool_safely(env, calls[0])
-    observation = result.observation.content
+    observation = cap_observation(result.observation.content)
     if result.info.get("environmentError"):
         episode.environment_errors.append(str(result.info["environmentError"]))
     if len(calls) > 1:
@@ -118,6 +121,15 @@ def _act(episode: Episode, env, text: str) -> str:
     if result.done:
         episode.done, episode.reward, episode.info = True, float(result.reward), dict(result.info)
     return observation
+
+
+def cap_observation(text: str, limit: int = OBSERVATION_CHARS) -> str:
+    """An environment's text as a model reads it: whole, or its first `limit` characters and a line saying how
+    much was cut (so the model, and whoever reads the transcript, can tell)."""
+    text = text if isinstance(text, str) else str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[observation truncated: {len(text):,} characters, only the first {limit:,} shown]"
 
 
 def turn_kl(base_sampler, episodes: list[Episode]) -> list[list[list[float]]]:
