@@ -139,19 +139,29 @@ def judge_prompt(metrics: list[JudgeMetric], item: JudgeInput) -> str:
                          count=len(metrics), dimensions=dimensions, example=example)
 
 
+# A verdict is a few scores and a sentence; a reply far longer is not one, and is refused before it is parsed.
+MAX_VERDICT_CHARS = 65_536
+
+
 def parse_verdict(text: str, metrics: list[JudgeMetric]) -> tuple[dict[str, int], str]:
-    """Scores and reasoning from a judge's reply; ValueError saying what was wrong otherwise."""
+    """Scores and reasoning from a judge's reply; ValueError saying what was wrong otherwise. Bounded time on any
+    reply: it is stripped and refused past MAX_VERDICT_CHARS, and JSON nested too deeply is a ValueError too."""
     text = (text or "").strip()
+    if len(text) > MAX_VERDICT_CHARS:
+        raise ValueError(f"the reply is {len(text):,} characters, over the {MAX_VERDICT_CHARS:,} a verdict may have "
+                         f"(a few scores and one sentence): {text[:120]!r}...")
     try:
-        data = json.loads(text, strict=False)
+        data = _json_object(text)
     except json.JSONDecodeError:
-        found = re.search(r"\{.*\}", text, re.S)  # a verdict wrapped in prose or a code fence
-        if not found:
+        # a verdict wrapped in prose or a code fence: from the first '{' to the last '}'
+        start, end = text.find("{"), text.rfind("}")
+        if start < 0 or end < start:
             raise ValueError(f"no JSON object in the reply: {text[:120]!r}") from None
+        found = text[start:end + 1]
         try:
-            data = json.loads(found.group(), strict=False)
+            data = _json_object(found)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"the reply's JSON does not parse ({exc.msg}): {found.group()[:120]!r}") from None
+            raise ValueError(f"the reply's JSON does not parse ({exc.msg}): {found[:120]!r}") from None
     if not isinstance(data, dict):
         raise ValueError(f"the verdict is not a JSON object: {text[:120]!r}")
     scores = {}
@@ -168,6 +178,13 @@ def parse_verdict(text: str, metrics: list[JudgeMetric]) -> tuple[dict[str, int]
     if not isinstance(reasoning, str) or not reasoning.strip():
         raise ValueError(f"reasoning is missing or empty: {reasoning!r}; the verdict needs a one-sentence reason")
     return scores, reasoning.strip()
+
+
+def _json_object(text: str):
+    try:
+        return json.loads(text, strict=False)
+    except RecursionError:
+        raise ValueError(f"the reply's JSON is nested too deeply to be a verdict: {text[:120]!r}") from None
 
 
 class Judge:

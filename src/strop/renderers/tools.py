@@ -6,18 +6,20 @@ format (the format Qwen's own chat templates use), and parsing what a model wrot
     follow_up = {"role": "tool", "content": "1"}                                  # rendered as a <tool_response>
 
 A call that cannot be parsed becomes a problem string, which the rollout hands back to the model as the
-observation ("your tool call was not valid JSON: ..."), never an exception.
+observation ("your tool call was not valid JSON: ..."), never an exception. Parsing takes time linear in the
+reply whatever the model wrote: blocks are found with plain string search (no backtracking pattern), a block
+over MAX_CALL_CHARS is a problem without being parsed, and JSON nested too deeply is a problem too.
 """
 
 from __future__ import annotations
 
 import json
-import re
 
 from strop.envs.base import ToolCall
 
-CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+OPEN = "<tool_call>"
 STOP = "</tool_call>"
+MAX_CALL_CHARS = 65_536  # a tool's name and arguments (an SQL query, say); far more is not a call
 
 INSTRUCTIONS = """You have tools. Call one with its name and arguments as JSON inside <tool_call></tool_call> tags, e.g.
 <tool_call>{{"name": "{example}", "arguments": {{}}}}</tool_call>
@@ -54,12 +56,19 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
     """The calls in a model's reply, and a problem line for each `<tool_call>` block that is not a valid call.
     A reply cut at the stop string (no closing tag) still parses."""
     calls, problems = [], []
-    for number, match in enumerate(CALL.finditer(text or ""), start=1):
-        body = match.group(1).strip()
+    for number, body in enumerate(_call_bodies(text or ""), start=1):
+        body = body.strip()
+        if len(body) > MAX_CALL_CHARS:
+            problems.append(f"tool call {number} is {len(body):,} characters, over the {MAX_CALL_CHARS:,} a call may "
+                            f"have: {body[:200]}")
+            continue
         try:
             data = json.loads(body)
         except json.JSONDecodeError as exc:
             problems.append(f"tool call {number} is not valid JSON ({exc.msg} at column {exc.colno}): {body[:200]}")
+            continue
+        except RecursionError:
+            problems.append(f"tool call {number} is JSON nested too deeply to be a call: {body[:200]}")
             continue
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             problems.append(f'tool call {number} needs {{"name": "...", "arguments": {{...}}}}, got: {body[:200]}')
@@ -68,7 +77,7 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
         if isinstance(arguments, str):  # some models send the arguments as JSON text
             try:
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 problems.append(f"tool call {number}: arguments are neither an object nor JSON text: {arguments[:200]}")
                 continue
         if not isinstance(arguments, dict):
@@ -76,6 +85,19 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
             continue
         calls.append(ToolCall(name=data["name"], arguments=arguments, id=f"call-{number}"))
     return calls, problems
+
+
+def _call_bodies(text: str):
+    """The text of each `<tool_call>` block: up to its closing tag, or to the end of a reply cut at the stop string."""
+    position = 0
+    while (start := text.find(OPEN, position)) >= 0:
+        start += len(OPEN)
+        end = text.find(STOP, start)
+        if end < 0:
+            yield text[start:]
+            return
+        yield text[start:end]
+        position = end + len(STOP)
 
 
 def hermes_turn(message: dict) -> dict:

@@ -16,6 +16,11 @@ a small model to end with `#### N` before it can get answers right.
 
 `####` counts as a marker only when a number follows it directly (spaces, `:`, `*` and `$` aside), so a Markdown
 heading such as `#### Step 1: add the apples` is not mistaken for the answer 1.
+
+Completions are model output, so reading one takes bounded time whatever it holds: the text is stripped and
+only its last MAX_ANSWER_CHARS characters are read (the final answer is at the end), a `\\boxed{}` counts its
+first MAX_BOX_CHARS characters, braces are matched in one pass, and a "number" longer than MAX_NUMBER_CHARS is
+not an answer anyone wrote.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import re
 from decimal import Decimal, InvalidOperation
 
 TOLERANCE = Decimal("1e-6")
+MAX_ANSWER_CHARS = 16_384   # of a completion's end (about 4,000 tokens); a ground truth's answer is read likewise
+MAX_BOX_CHARS = 256
+MAX_NUMBER_CHARS = 100      # digits, commas and point; longer runs also overflow Decimal's exponent when compared
 
 # Thousands groups only in runs of three, so "1,2,3" (a list) reads as three numbers, not 123.
 _NUMBER = re.compile(
@@ -33,12 +41,15 @@ _HASH_MARK = re.compile(r"####[ \t*:]*" + _NUMBER.pattern)
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?\d+)\s*\}\s*\{\s*(\d+)\s*\}")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_BRACE = re.compile(r"[{}]")
+_SPACE = re.compile(r"\s")
 
 
 def extract_answer(text: str | None) -> str | None:
     """The completion's final answer as a plain number string ('1234', '-3', '0.5'), or None if it has none."""
     if not text:
         return None
+    text = _answer_part(text)
     marked = _marked_answers(text)
     if marked:
         return marked[-1][1]
@@ -55,7 +66,7 @@ def gold_answer(ground_truth: object) -> str:
         raise ValueError("ground_truth is missing: the row's answer must end with '#### N'")
     text = str(ground_truth)
     _, marker, tail = text.rpartition("####")
-    numbers = _numbers(tail) if marker else []
+    numbers = _numbers(tail.strip()[:MAX_ANSWER_CHARS]) if marker else []
     found = numbers[0] if numbers else (None if marker else extract_answer(text))
     if found is None:
         shown = text if len(text) <= 80 else "..." + text[-77:]
@@ -74,7 +85,18 @@ def compute_score(data_source=None, solution_str=None, ground_truth=None, extra_
 
 def format_score(data_source=None, solution_str=None, ground_truth=None, extra_info=None) -> float:
     """1.0 when the completion marks a numeric answer with `#### N` or `\\boxed{N}`, else 0.0."""
-    return 1.0 if solution_str and _marked_answers(solution_str) else 0.0
+    return 1.0 if solution_str and _marked_answers(_answer_part(solution_str)) else 0.0
+
+
+def _answer_part(text: str) -> str:
+    """The stripped text, or its last MAX_ANSWER_CHARS characters from the first whitespace among them (so the
+    cut does not leave half a number)."""
+    text = text.strip()
+    if len(text) <= MAX_ANSWER_CHARS:
+        return text
+    text = text[-MAX_ANSWER_CHARS:]
+    space = _SPACE.search(text, 0, 64)
+    return text[space.end():] if space else text
 
 
 def _marked_answers(text: str) -> list[tuple[int, str]]:
@@ -84,25 +106,27 @@ def _marked_answers(text: str) -> list[tuple[int, str]]:
         value = _to_number(m, text)
         if value is not None:
             found.append((m.start(), value))
+    closers = None
     for m in _BOX_OPEN.finditer(text):
-        content = _braced(text, m.end())
-        numbers = _numbers(_unlatex(content)) if content is not None else []
+        closers = _closing_braces(text) if closers is None else closers
+        end = closers.get(m.end() - 1)
+        if end is None:  # never closed
+            continue
+        numbers = _numbers(_unlatex(text[m.end():min(end, m.end() + MAX_BOX_CHARS)]))
         if numbers:
             found.append((m.start(), numbers[0]))
     return sorted(found)
 
 
-def _braced(text: str, start: int) -> str | None:
-    """The text from `start` up to the brace that closes the one just before it; None if never closed."""
-    depth = 1
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:i]
-    return None
+def _closing_braces(text: str) -> dict[int, int]:
+    """For the index of each '{' that is closed, the index of the '}' that closes it: one pass, however deep."""
+    open_at, closing = [], {}
+    for m in _BRACE.finditer(text):
+        if m.group() == "{":
+            open_at.append(m.start())
+        elif open_at:
+            closing[open_at.pop()] = m.start()
+    return closing
 
 
 def _unlatex(content: str) -> str:
@@ -123,6 +147,8 @@ def _numbers(text: str) -> list[str]:
 
 
 def _to_number(m: re.Match, text: str) -> str | None:
+    if len(m.group("num")) > MAX_NUMBER_CHARS:
+        return None
     try:
         value = Decimal(m.group("num").replace(",", ""))
     except InvalidOperation:
