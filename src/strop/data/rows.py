@@ -14,6 +14,9 @@ the source in `extra`. `load_rows` reads one of
 
 Every row of a file is checked before anything is returned, and up to `MAX_REPORTED` problems are reported in
 one error, each with its line number, so a bad file is fixed in one pass rather than one error at a time.
+A file costs time and memory in proportion to its size whatever it holds: only regular files are opened (a FIFO
+or a device would block or never end), files over MAX_FILE_BYTES and lines over MAX_LINE_CHARS are refused, and
+JSON nested too deeply is a DatasetError naming its line.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from strop.errors import DatasetError
+from strop.files import FileKindError, check_regular, open_regular
 
 MAX_REPORTED = 10
 MAX_LINE_CHARS = 1 << 20  # a row of a question and an answer; a longer line is almost surely the wrong file
+MAX_FILE_BYTES = 1 << 30  # read whole into memory; GSM8K's train split is 4 MB
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 DEFAULT_SYNTHETIC_COUNT = {"train": 2000, "test": 500}
 GSM8K_NAMES = ("gsm8k", "openai/gsm8k")
@@ -104,6 +109,7 @@ def read_records(path: Path) -> list[tuple[str, Any]]:
     if suffix not in FILE_SUFFIXES:
         raise DatasetError(f"dataset file {path} has suffix {suffix!r}: rename it or convert it to .jsonl, .json "
                            f"or .parquet.")
+    check_regular_file(path)
     if suffix == ".parquet":
         return _read_parquet(path)
     text = _read_text(path)
@@ -112,9 +118,26 @@ def read_records(path: Path) -> list[tuple[str, Any]]:
     return _read_jsonl(path, text) if suffix == ".jsonl" else _read_json(path, text)
 
 
+def check_regular_file(path: Path) -> None:
+    """Refuse, before anything opens it, a dataset path that is not a regular file (a FIFO blocks the reader
+    forever, a device never ends) or is too large to read into memory. Symbolic links are followed."""
+    try:
+        info = check_regular(path, what="dataset file")
+    except FileKindError as e:
+        raise DatasetError(f"{e}. Save the rows to a .jsonl file and pass that.") from None
+    except OSError as e:
+        raise DatasetError(f"cannot read dataset file {path}: {e.strerror or e}.") from None
+    if info.st_size > MAX_FILE_BYTES:
+        raise DatasetError(f"dataset file {path} is {info.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a dataset "
+                           f"file may have (it is read into memory): split it, or register a subset.")
+
+
 def _read_text(path: Path) -> str:
     try:
-        data = path.read_bytes()
+        with open_regular(path, what="dataset file") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except FileKindError as e:
+        raise DatasetError(f"{e}. Save the rows to a .jsonl file and pass that.") from None
     except OSError as e:
         raise DatasetError(f"cannot read dataset file {path}: {e.strerror or e}. Check its permissions.") from None
     try:
@@ -130,8 +153,9 @@ def _read_text(path: Path) -> str:
 
 
 def _read_jsonl(path: Path, text: str) -> list[tuple[str, Any]]:
-    records, errors = [], []
-    for number, line in enumerate(text.splitlines(), start=1):
+    records, errors = [], _Problems()
+    # split on newlines only: str.splitlines also splits at U+2028, U+0085 and others, which JSON strings may hold
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         if len(line) > MAX_LINE_CHARS:
@@ -142,6 +166,8 @@ def _read_jsonl(path: Path, text: str) -> list[tuple[str, Any]]:
             records.append((f"line {number}", json.loads(line)))
         except json.JSONDecodeError as e:
             errors.append(f"line {number}: invalid JSON ({e.msg} at column {e.colno})")
+        except RecursionError:
+            errors.append(f"line {number}: JSON nested too deeply (a row is an object of strings)")
     if errors:
         raise DatasetError(_summary(path, errors, "Each line must be one JSON object, e.g. "
                                     '{"question": "...", "answer": "... #### 42"}.'))
@@ -156,6 +182,9 @@ def _read_json(path: Path, text: str) -> list[tuple[str, Any]]:
         raise DatasetError(
             f"dataset file {path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}.{hint}"
         ) from None
+    except RecursionError:
+        raise DatasetError(f"dataset file {path}: JSON nested too deeply; a .json dataset is a list of objects "
+                           f'like [{{"question": "...", "answer": "... #### 42"}}].') from None
     if not isinstance(value, list):
         raise DatasetError(
             f"dataset file {path} holds a JSON {type(value).__name__}; a .json dataset must be a list of objects "
@@ -173,13 +202,16 @@ def _item_lines(text: str, count: int) -> list[int | None]:
     decoder = json.JSONDecoder()
     lines: list[int | None] = []
     pos = text.index("[") + 1
+    line, counted = 1, 0  # newlines are counted once, from where the last item's count stopped
     try:
         while len(lines) < count:
             while text[pos] in " \t\r\n,":
                 pos += 1
-            lines.append(text.count("\n", 0, pos) + 1)
+            line += text.count("\n", counted, pos)
+            counted = pos
+            lines.append(line)
             _, pos = decoder.raw_decode(text, pos)
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, RecursionError):
         return [None] * count
     return lines
 
@@ -219,7 +251,7 @@ def _column_map(fields: dict[str, str] | None) -> dict[str, str]:
 
 
 def _rows_from_records(records: Iterable[tuple[str, Any]], columns: dict[str, str], *, where: str) -> list[Row]:
-    rows, errors = [], []
+    rows, errors = [], _Problems()
     for location, record in records:
         if not isinstance(record, dict):
             errors.append(f"{location}: expected a JSON object with 'question' and 'answer', "
@@ -229,7 +261,8 @@ def _rows_from_records(records: Iterable[tuple[str, Any]], columns: dict[str, st
         for name, column in columns.items():
             shown = repr(column) if column == name else f"{column!r} (mapped to {name})"
             if column not in record:
-                have = ", ".join(repr(k) for k in record) or "no fields"
+                keys = [repr(k)[:60] for k, _ in zip(record, range(MAX_REPORTED))]
+                have = ", ".join(keys) + (", ..." if len(record) > len(keys) else "") or "no fields"
                 errors.append(f"{location}: missing field {shown}; the row has {have}")
                 ok = False
             elif not isinstance(record[column], str):
@@ -257,8 +290,21 @@ def _kind(value: Any) -> str:
             str: "a string"}.get(type(value), type(value).__name__)
 
 
+class _Problems(list):
+    """A file's problems: the first MAX_REPORTED kept as text, the rest only counted (a million bad rows must not
+    become a million strings)."""
+
+    count = 0
+
+    def append(self, problem: str) -> None:
+        self.count += 1
+        if len(self) < MAX_REPORTED:
+            super().append(problem)
+
+
 def _summary(where: Any, errors: list[str], fix: str) -> str:
+    total = getattr(errors, "count", len(errors))
     shown = errors[:MAX_REPORTED]
-    more = f"\n  ... and {len(errors) - len(shown)} more" if len(errors) > len(shown) else ""
-    plural = "problem" if len(errors) == 1 else "problems"
-    return f"dataset {where}: {len(errors)} {plural}:\n  " + "\n  ".join(shown) + more + f"\n{fix}"
+    more = f"\n  ... and {total - len(shown)} more" if total > len(shown) else ""
+    plural = "problem" if total == 1 else "problems"
+    return f"dataset {where}: {total} {plural}:\n  " + "\n  ".join(shown) + more + f"\n{fix}"

@@ -32,6 +32,7 @@ LEVELS: dict[str, str] = {
     "word-3": "multi-step word problems (three or more operations)",
 }
 DEFAULT_LEVEL = "add"
+MAX_GENERATED = 1_000_000  # problems a call may generate; each is kept in memory
 
 # One question in TEST_SHARE lands in the test half. Half and half: `add` has only 441 distinct problems, and a
 # held-out evaluation needs at least 200 distinct ones (about 220 land in the test half).
@@ -219,9 +220,11 @@ def generate(level: str, n: int, seed: int, *, split: str | None = None) -> list
     """
     if level not in _MAKERS:
         known = ", ".join(LEVELS)
-        raise DatasetError(f"unknown synthetic level {level!r}: choose one of {known} (e.g. 'synthetic:word-1').")
-    if not isinstance(n, int) or n < 0:
-        raise DatasetError(f"synthetic problem count must be a whole number >= 0, got {n!r}.")
+        shown = level if len(level) <= 60 else level[:57] + "..."
+        raise DatasetError(f"unknown synthetic level {shown!r}: choose one of {known} (e.g. 'synthetic:word-1').")
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_GENERATED:
+        raise DatasetError(f"synthetic problem count must be a whole number from 0 to {MAX_GENERATED:,} (they are "
+                           f"generated into memory), got {n!r}.")
     if split not in (None, "train", "test"):
         raise DatasetError(f"synthetic data has splits 'train' and 'test', got split={split!r}.")
     # A string seed is hashed with SHA-512 by `random`, so the test stream is stable and unrelated to train's.

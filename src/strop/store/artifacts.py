@@ -17,6 +17,10 @@ A directory is stored as a tar with its entries sorted, times, owners and permis
 folders and `.pyc` files are left out: importing a bundle to check it writes them, and they must not
 change its hash.
 
+Only regular files are read: a FIFO, socket or device given as a file or found in a directory is refused by
+its kind, before anything opens it (opening a FIFO blocks until someone writes to it), and files are opened
+non-blocking and checked again on the open descriptor (strop.files).
+
 Writes go to a temporary file in the destination folder and are renamed into place, so a crash never
 leaves a half-written artifact under its final name, and two processes storing the same content at once
 both succeed. Stored files are made read-only as a hint that they must not be edited.
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Iterator
 
 from strop.errors import StropError
+from strop.files import FileKindError, kind_of, open_regular
 from strop.paths import strop_home
 
 CHUNK = 1 << 20
@@ -65,10 +70,11 @@ def put_bytes(data: bytes) -> str:
 def put_file(path: str | os.PathLike) -> str:
     """Store a copy of the file at `path`; returns its sha256. Read once: hashed while it is copied."""
     source = Path(path).expanduser()
-    if not source.is_file():
-        what = "a directory (use put_dir)" if source.is_dir() else "missing"
-        raise ArtifactError(f"cannot store {str(source)!r}: it is {what}. Pass the path of a file.")
-    with _staged() as staging, open(source, "rb") as src:
+    if not source.exists():
+        raise ArtifactError(f"cannot store {str(source)!r}: it is missing. Pass the path of a file.")
+    if source.is_dir():
+        raise ArtifactError(f"cannot store {str(source)!r}: it is a directory (use put_dir). Pass the path of a file.")
+    with _staged() as staging, _open_file(source, follow_symlinks=True) as src:
         while chunk := src.read(CHUNK):
             staging.write(chunk)
     return _commit(staging)
@@ -183,7 +189,7 @@ def _write_tar(entries: list[tuple[str, Path]], out) -> None:
         for relative, full in entries:
             info = _tar_info(relative, full)
             if info.isfile():
-                with open(full, "rb") as src:
+                with _open_file(full, follow_symlinks=False) as src:
                     tar.addfile(info, src)
             else:
                 tar.addfile(info)
@@ -281,8 +287,18 @@ def _tar_info(relative: str, full: Path) -> tarfile.TarInfo:
     elif stat.S_ISREG(mode):
         info.type, info.size = tarfile.REGTYPE, full.stat().st_size
         info.mode = 0o755 if mode & 0o111 else 0o644
+    elif stat.S_ISLNK(mode):
+        raise ArtifactError(f"cannot store {str(full)!r}: it is a symbolic link. Replace it with a copy of the file "
+                            f"it stands for, or move it out of the folder.")
     else:
-        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
-        raise ArtifactError(f"cannot store {str(full)!r}: it is {kind}. Replace it with a copy of the file it "
-                            f"stands for, or move it out of the folder.")
+        raise ArtifactError(f"cannot store {str(full)!r}: it is {kind_of(mode)}, not a regular file, and reading it "
+                            f"could block or never end. Move it out of the folder.")
     return info
+
+
+def _open_file(path: Path, *, follow_symlinks: bool):
+    try:
+        return open_regular(path, follow_symlinks=follow_symlinks)
+    except FileKindError as exc:
+        raise ArtifactError(f"cannot store {str(path)!r}: it is {exc.kind}, not a regular file, and reading it "
+                            f"could block or never end. Pass a regular file (or move it out of the folder).") from None
