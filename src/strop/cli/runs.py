@@ -84,7 +84,8 @@ def _start(args) -> int:
     if args.dry_run:
         emit(args, result, lambda r: "descriptor is valid and admissible: " + (
             f"dataset {r['pinned']['dataset']['ref']}, {len(r['pinned']['terms'])} reward term(s)" if "dataset" in r["pinned"]
-            else f"environment {r['pinned']['environment']['name']}") + f", base model {r['pinned']['baseModel']['id']}")
+            else f"environment {r['pinned']['environment']['name']}") + f", base model {r['pinned']['baseModel']['id']}"
+            + "".join(f"\nnot checked: {line}" for line in r.get("notChecked", [])))
     else:
         emit(args, result, lambda r: r["runId"])
     return 0

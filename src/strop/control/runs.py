@@ -36,8 +36,11 @@ def run_dir(run_id: str) -> Path:
     return runs_dir() / run_id
 
 
-def admit(descriptor: RunDescriptor) -> dict:
-    """Check everything the run needs exists, and pin it: the returned dict goes into the run record."""
+def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
+    """Check everything the run needs exists, and pin it: the returned dict goes into the run record.
+
+    With `dry_run`, no code from a module the descriptor names is imported or run: a 'module:Class' environment
+    is only found on the Python path, and `pinned["notChecked"]` says what starting the run will check."""
     problems, pinned = [], {"project": descriptor.project}
     try:
         settings = projects.get(descriptor.project)["evaluation"]
@@ -52,17 +55,17 @@ def admit(descriptor: RunDescriptor) -> dict:
         problems.append(f"$.baseModel: {exc}")
     if descriptor.config.environment is not None:
         env = descriptor.config.environment
+        pinned["environment"] = {"name": env.name, "options": dict(env.options), "split": env.split}
         try:
-            from strop.envs import get_env
-            probe = get_env(env.name, **env.options)  # an unknown name or a bad option fails here, not in the worker
-            try:
-                if env.split not in probe.splits():
-                    problems.append(f"$.config.environment.split: {env.name} has splits {probe.splits()}, "
-                                    f"not {env.split!r}")
-            finally:
-                probe.close()
-            pinned["environment"] = {"name": env.name, "options": dict(env.options), "split": env.split}
-        except (StropError, TypeError) as exc:
+            from strop.envs import env_kind, find_env_module, get_env
+            if dry_run and env_kind(env.name) == "class":
+                where = find_env_module(env.name)  # on the path, found without running any of it
+                pinned["notChecked"] = [f"$.config.environment.name: {env.name} is a user's class, not imported by "
+                                        f"--dry-run (it is in {where}); starting the run imports it and checks that "
+                                        f"it is an environment class with split {env.split!r}"]
+            else:
+                problems += _probe_environment(env, get_env)
+        except StropError as exc:
             problems.append(f"$.config.environment: {exc}")
     else:
         try:
@@ -88,6 +91,30 @@ def admit(descriptor: RunDescriptor) -> dict:
     if problems:
         raise RunError("run not admitted:\n  " + "\n  ".join(problems))
     return pinned
+
+
+def _probe_environment(env, get_env) -> list[str]:
+    """Make the environment once (an unknown name, a class that is not an environment, a bad option or split
+    fails here, not in the worker); its own errors are reported, never a traceback."""
+    try:
+        probe = get_env(env.name, **env.options)
+    except StropError:
+        raise
+    except Exception as exc:  # the environment's constructor raised on these options
+        return [f"$.config.environment.options: {env.name} could not be made with these options: "
+                f"{type(exc).__name__}: {str(exc)[:300]}"]
+    try:
+        splits = probe.splits()
+        if env.split not in splits:
+            return [f"$.config.environment.split: {env.name} has splits {splits}, not {env.split!r}"]
+        return []
+    except Exception as exc:
+        return [f"$.config.environment: {env.name}'s splits() raised {type(exc).__name__}: {str(exc)[:300]}"]
+    finally:
+        try:
+            probe.close()
+        except Exception:  # noqa: BLE001 - a probe that cannot close is not a reason to refuse the run
+            pass
 
 
 def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
@@ -117,10 +144,11 @@ def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
 
 def start(descriptor_path: str | Path, *, dry_run: bool = False) -> dict:
     descriptor = load_descriptor(descriptor_path)
-    pinned = admit(descriptor)
+    pinned = admit(descriptor, dry_run=dry_run)
     if dry_run:
+        not_checked = pinned.pop("notChecked", [])
         return {"valid": True, "dryRun": True, "project": descriptor.project, "configName": descriptor.config_name,
-                "pinned": pinned}
+                "pinned": pinned, "notChecked": not_checked}
     with session_scope(open_store()) as s:
         project = s.scalar(select(Project).where(Project.name == descriptor.project))
         run = Run(project_id=project.id, config_name=descriptor.config_name, descriptor=descriptor.to_dict(),
