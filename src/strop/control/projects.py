@@ -9,13 +9,19 @@ A grader reference is `builtin:gsm8k` (or another builtin) or `bundle:NAME[@VERS
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from strop.control.registry import RegistryError, check_name, get_bundle, get_dataset
 from strop.errors import StropError
+from strop.names import shown
 from strop.store import open_store, session_scope
 from strop.store.schema import Project, utcnow
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 class ProjectError(StropError):
@@ -40,6 +46,7 @@ def create(name: str) -> dict:
 
 
 def get(name: str) -> dict:
+    check_name(name, "project")
     with session_scope(open_store(), read_only=True) as s:
         project = s.scalar(select(Project).where(Project.name == name))
         if project is None:
@@ -59,28 +66,32 @@ def parse_grader(ref: str) -> dict:
     from strop.scoring.bundles import BUILTINS
     if ref.startswith("builtin:"):
         if ref[len("builtin:"):] not in BUILTINS:
-            raise ProjectError(f"unknown grader {ref!r}; builtin graders: "
+            raise ProjectError(f"unknown grader {shown(ref)}; builtin graders: "
                                + ", ".join(f"builtin:{name}" for name in sorted(BUILTINS)))
         return {"kind": "builtin", "ref": ref}
     if not ref.startswith("bundle:"):
-        raise ProjectError(f"grader {ref!r} must be builtin:NAME or bundle:NAME[@VERSION]#MODULE:FUNCTION, "
+        raise ProjectError(f"grader {shown(ref)} must be builtin:NAME or bundle:NAME[@VERSION]#MODULE:FUNCTION, "
                            "e.g. bundle:gsm8k/scoring#reward:compute_score")
     body = ref[len("bundle:"):]
     bundle, _, entry = body.partition("#")
     module, _, function = entry.partition(":")
+    if module and not _MODULE.fullmatch(module) or function and not _IDENTIFIER.fullmatch(function):
+        raise ProjectError(f"grader {shown(ref)}: after '#' comes a Python module and function, e.g. "
+                           "bundle:gsm8k/scoring#reward:compute_score")
     try:
         get_bundle(bundle)
     except RegistryError as exc:
-        raise ProjectError(f"grader {ref!r}: {exc}") from None
+        raise ProjectError(f"grader {shown(ref)}: {exc}") from None
     return {"kind": "bundle", "bundle": bundle, "module": module or "reward", "function": function or "compute_score"}
 
 
 def set_evaluation(name: str, dataset: str, grader: str) -> dict:
     """Set (overwrite) the project's evaluation dataset and grader, after checking both exist."""
+    check_name(name, "project")
     try:
         get_dataset(dataset)
     except RegistryError as exc:
-        raise ProjectError(f"--dataset {dataset!r}: {exc}") from None
+        raise ProjectError(f"--dataset {shown(dataset)}: {exc}") from None
     parse_grader(grader)
     with session_scope(open_store()) as s:
         project = s.scalar(select(Project).where(Project.name == name))

@@ -13,7 +13,6 @@ existing version already holds returns that version, so a walkthrough can regist
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -22,10 +21,9 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from strop.errors import StropError
+from strop.names import registry_name_problem, shown
 from strop.store import artifacts, open_store, session_scope
 from strop.store.schema import Bundle, BundleVersion, Dataset, DatasetVersion
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 
 
 class RegistryError(StropError):
@@ -33,9 +31,10 @@ class RegistryError(StropError):
 
 
 def check_name(name: str, kind: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name) or name.endswith("/") or "//" in name:
-        raise RegistryError(f"{kind} name {name!r} is not allowed: use letters, digits, '.', '_', '-' and '/' "
-                            f"(e.g. gsm8k/train), starting with a letter or digit")
+    """`name` if it is a good registry name (the rule in strop.names, which run descriptors use too)."""
+    problem = registry_name_problem(name)
+    if problem:
+        raise RegistryError(f"{kind} name {shown(name)} is not allowed: {problem}")
     return name
 
 
@@ -46,7 +45,8 @@ def parse_ref(ref: str, kind: str) -> tuple[str, int | None]:
     if not at:
         return name, None
     if not version.isdigit() or int(version) < 1:
-        raise RegistryError(f"{kind} reference {ref!r}: the part after '@' must be a version number >= 1, e.g. {name}@1")
+        raise RegistryError(f"{kind} reference {shown(ref)}: the part after '@' must be a version number >= 1, "
+                            f"e.g. {name}@1")
     return name, int(version)
 
 
