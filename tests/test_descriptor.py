@@ -98,8 +98,9 @@ def test_three_mistakes_are_reported_together_with_their_paths():
     hp["groupSize"] = 1                                        # out of range
     hp["optimizer"]["learningrate"] = hp["optimizer"].pop("learningRate")   # a typo: unknown, and required missing
     found = problems(data)
-    assert "$.config.rlHyperparams.maxSteps: must be an integer >= 1 (got \"100\")" in found
-    assert "$.config.rlHyperparams.groupSize: must be an integer >= 2 (got 1)" in found
+    assert "$.config.rlHyperparams.maxSteps: must be an integer from 1 to 1,000,000 (got \"100\")" in found
+    assert ("$.config.rlHyperparams.groupSize: must be an integer from 2 to 1,024 (got 1); GRPO needs at least two "
+            "samples of a prompt to compare") in found
     unknown = [p for p in found if p.startswith("$.config.rlHyperparams.optimizer.learningrate: unknown field")]
     assert unknown and "known fields here: learningRate, weightDecay, gradClipNorm" in unknown[0]
     assert "did you mean 'learningRate'?" in unknown[0]
@@ -110,17 +111,17 @@ def test_three_mistakes_are_reported_together_with_their_paths():
 
 def test_strict_types_no_coercion():
     cases = [
-        (("execution", "gpus"), True, "$.execution.gpus: must be an integer >= 0 (got true)"),
-        (("execution", "saveEvery"), 10.0, "$.execution.saveEvery: must be an integer >= 1 (got 10.0)"),
+        (("execution", "gpus"), True, "$.execution.gpus: must be an integer from 0 to 1,024 (got true)"),
+        (("execution", "saveEvery"), 10.0, "$.execution.saveEvery: must be an integer from 1 to 1,000,000 (got 10.0)"),
         (("config", "rlHyperparams", "temperature"), "1.0",
-         '$.config.rlHyperparams.temperature: must be a number > 0 (got "1.0")'),
+         '$.config.rlHyperparams.temperature: must be a number greater than 0, up to 10 (got "1.0")'),
         (("config", "rlHyperparams", "klBeta"), float("nan"),
-         "$.config.rlHyperparams.klBeta: must be a number >= 0 (got NaN)"),
+         "$.config.rlHyperparams.klBeta: must be a number from 0 to 100 (got NaN)"),
         (("config", "method"), "ppo", '$.config.method: must be "grpo" (got "ppo")'),
         (("kind",), "Run", '$.kind: must be "run" (got "Run")'),
-        (("project",), "  ", "$.project: must be a project name (a non-empty string) (got \"  \")"),
+        (("project",), "", '$.project: must be a project name such as "gsm8k" (got ""); it is empty'),
         (("config", "dataset"), 7, "$.config.dataset: must be a registry dataset NAME or NAME@VERSION such as "
-                                   "\"gsm8k/train\", or a file path (or give config.environment instead) (got 7)"),
+                                   "\"gsm8k/train\" (or give config.environment instead) (got 7)"),
     ]
     for keys, value, expected in cases:
         data = seed()
@@ -192,7 +193,7 @@ def test_missing_sections_and_bad_terms():
     found = problems(data)
     assert found[0].startswith("$.config.reward.terms[0]: must be an object with fields kind, weight, bundle")
     assert found[1].startswith("$.config.reward.terms[1].bundle: must be a registry bundle NAME or NAME@VERSION")
-    assert found[1].endswith('(got "builtin:nope")')
+    assert found[1].endswith('(got "builtin:nope"); it is not a built-in grader')
     assert found[2] == '$.config.reward.terms[2].module: must be a Python module name such as "reward" (got "re-ward")'
 
 

@@ -5,12 +5,15 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 from strop.cli.output import add_output_flags, emit, format_table, note
 from strop.errors import StropError
+from strop.rl.limits import LIMITS
 
 
 def register(nouns) -> None:
@@ -25,23 +28,23 @@ def register(nouns) -> None:
                "  strop train --base-model strop/tiny-random --dataset synthetic:add --steps 3\n"
                "  strop train --dataset gsm8k --reward builtin:gsm8k=1.0 --reward builtin:gsm8k-format=0.1\n"
                "  strop train --dataset data/train.jsonl --reward ./scoring#reward:compute_score",
-        formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
                    help="catalog id, hub id, local HF directory, or strop/tiny-random (default: %(default)s)")
     p.add_argument("--dataset", default="synthetic:add",
                    help="synthetic[:LEVEL] (levels: add, add-sub, mul, mixed, word-1, word-2, word-3), gsm8k, or a "
                         ".jsonl/.json/.parquet file with question and answer fields (default: %(default)s)")
-    p.add_argument("--limit", type=_positive_int, help="use only the first N rows of the dataset")
+    p.add_argument("--limit", type=int, help="use only the first N rows of the dataset")
     p.add_argument("--reward", action="append", metavar="REF[=WEIGHT]",
                    help="a reward term: builtin:gsm8k, builtin:gsm8k-format or DIR[#MODULE[:FUNCTION]], with an "
                         "optional weight (default 1.0); repeat for several terms (default: builtin:gsm8k)")
-    p.add_argument("--steps", type=_positive_int, help="stop after N steps (default: one epoch)")
-    p.add_argument("--epochs", type=_positive_int, default=1, help="passes over the dataset (default: %(default)s)")
+    p.add_argument("--steps", type=int, help="stop after N steps (default: one epoch)")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the dataset (default: %(default)s)")
     p.add_argument("--group-size", type=int, default=8, help="samples per prompt, at least 2 (default: %(default)s)")
-    p.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per step (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per step (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens per completion (default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-4, help="learning rate (default: %(default)s)")
-    p.add_argument("--rank", type=_positive_int, default=32, help="LoRA rank (default: %(default)s)")
+    p.add_argument("--rank", type=int, default=32, help="LoRA rank (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
     p.add_argument("--kl-beta", type=float, default=0.0, help="KL penalty to the base model (default: %(default)s)")
     p.add_argument("--loss", default="importance_sampling", choices=("importance_sampling", "ppo", "cispo"),
@@ -49,8 +52,8 @@ def register(nouns) -> None:
     p.add_argument("--scale-by-std", action="store_true", help="divide advantages by the group's reward std")
     p.add_argument("--system-prompt", help="system message before each question")
     p.add_argument("--question-suffix", default="", help="text appended to each question")
-    p.add_argument("--save-every", type=_positive_int, default=10, help="checkpoint every N steps (default: %(default)s)")
-    p.add_argument("--keep-adapters", type=_positive_int, default=4, help="checkpoints kept (default: %(default)s)")
+    p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (default: %(default)s)")
+    p.add_argument("--keep-adapters", type=int, default=4, help="checkpoints kept (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed for data order, LoRA init and sampling")
     p.add_argument("--run-dir", type=Path, help="run folder (default: $STROP_HOME/runs/<time>-<model>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -58,15 +61,28 @@ def register(nouns) -> None:
     p.set_defaults(handler=run)
 
 
-def _positive_int(text: str) -> int:
-    import argparse
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
+# flag -> the GRPOConfig field it sets; each is checked against that field's range in strop.rl.limits (the table
+# the run descriptor and GRPOConfig use) before anything loads, and a refusal names the flag
+FLAG_FIELDS = {"--limit": "dataset_limit", "--steps": "max_steps", "--epochs": "epochs", "--group-size": "group_size",
+               "--batch-size": "batch_size", "--max-tokens": "max_completion_length", "--lr": "learning_rate",
+               "--rank": "lora_rank", "--temperature": "temperature", "--kl-beta": "kl_beta",
+               "--save-every": "save_every", "--keep-adapters": "keep_adapters", "--seed": "seed"}
+
+
+def flag_problems(args, rewards: list[dict]) -> list[str]:
+    """'--group-size (group_size): must be an integer from 2 to 1,024 (got ...); why' for each flag out of range."""
+    problems = []
+    for flag, field in FLAG_FIELDS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            problem = dataclasses.replace(LIMITS[field], optional=False).problem(value)
+            if problem:
+                problems.append(f"{flag} ({field}): {problem}")
+    for spec, term in zip(args.reward or [], rewards):
+        problem = LIMITS["reward_weight"].problem(term["weight"])
+        if problem:
+            problems.append(f"--reward {spec[:80]!r}: the weight {problem}")
+    return problems
 
 
 def parse_reward(spec: str) -> dict:
@@ -86,6 +102,9 @@ def run(args) -> int:
     from strop.rl import GRPOConfig, run_grpo
 
     rewards = [parse_reward(s) for s in (args.reward or ["builtin:gsm8k"])]
+    problems = flag_problems(args, rewards)
+    if problems:
+        raise StropError("invalid flags:\n  " + "\n  ".join(problems))
     config = GRPOConfig(
         base_model=args.base_model, dataset=args.dataset, dataset_limit=args.limit, reward_terms=rewards,
         group_size=args.group_size, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.steps,

@@ -9,6 +9,10 @@ every problem is reported at once, one per line, as a JSON path, what is accepte
         (did you mean 'learningRate'?)
 
 No silent coercion: "8" is not 8, true is not 1, 8.0 is not an integer. Fields without a default are required.
+Every size, count and number has a range, the same one GRPOConfig and `strop train` use (strop.rl.limits); past
+its upper end the message says why the limit is there. Names are checked as the registry and the store check
+them (strop.names): no '.' or '..' segments, no control or bidirectional characters, at most 200 characters.
+The file itself is read only if it is a regular file of at most MAX_DESCRIPTOR_BYTES, nested at most MAX_DEPTH.
 
     >>> from strop.control import load_descriptor
     >>> run = load_descriptor("examples/gsm8k/run.json")
@@ -23,6 +27,7 @@ references (`gsm8k/train`, `gsm8k/scoring@3`) are checked for form only: the con
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import re
@@ -31,24 +36,42 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError,
+                      field_validator, model_validator)
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from strop.errors import StropError
+from strop.files import FileKindError, open_regular
+from strop.names import escape_hidden, label_problem, registry_name_problem, registry_ref_problem
 from strop.rl.config import GRPOConfig
+from strop.rl.limits import LIMITS
 from strop.scoring.bundles import BUILTINS
 
-# Registry names are slash-separated segments ("gsm8k/scoring"); a version follows '@' ("gsm8k/scoring@3").
-_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-REF_PATTERN = rf"^{_SEGMENT}(?:/{_SEGMENT})*(?:@[A-Za-z0-9][A-Za-z0-9._+-]*)?$"
 BUILTIN_PREFIX = "builtin:"
 _IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$"
 SHOWN_CHARS = 60  # of a given value in a message: enough to recognise it, short enough to stay one line
+MAX_DESCRIPTOR_BYTES = 1 << 20  # a descriptor is a page of JSON; environment options included, 1 MiB is plenty
+MAX_DEPTH = 32                  # objects and lists within each other
+
+
+def _checked(check):
+    def validate(value: str) -> str:
+        problem = check(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+    return AfterValidator(validate)
+
 
 # A string with at least one non-space character: "" and "   " name nothing.
 Text = Annotated[str, StringConstraints(min_length=1, pattern=r"\S")]
+# A name that is stored and printed: at most 200 characters, no control or bidirectional characters.
+Label = Annotated[str, StringConstraints(min_length=1, pattern=r"\S"), _checked(label_problem)]
+# A registry name (projects) and a reference to a registered version (datasets): the registry's own rule.
+RegistryName = Annotated[str, _checked(registry_name_problem)]
+RegistryRef = Annotated[str, _checked(registry_ref_problem)]
 
 
 class DescriptorError(StropError):
@@ -59,10 +82,22 @@ class DescriptorError(StropError):
         self.problems = problems or [message]
 
 
-def _field(default: Any = ..., *, accepts: str, item: str | None = None, **constraints: Any) -> Any:
-    # `accepts` is what the error message says the field takes; `item` the same for one element of a list.
-    extra = {"accepts": accepts, **({"item": item} if item else {})}
+def _field(default: Any = ..., *, accepts: str, item: str | None = None, why: str | None = None,
+           why_least: str | None = None, **constraints: Any) -> Any:
+    # `accepts` is what the error message says the field takes; `item` the same for one element of a list;
+    # `why` is said when a value is past the field's upper limit, `why_least` when it is below the lower one.
+    extra = {"accepts": accepts, **({"item": item} if item else {}), **({"why": why} if why else {}),
+             **({"why_least": why_least} if why_least else {})}
     return Field(default, json_schema_extra=extra, **constraints)
+
+
+def _limited(name: str, default: Any = ..., *, unit: str = "", optional: bool = False) -> Any:
+    """A field whose range is LIMITS[name], the same one GRPOConfig and `strop train` check."""
+    limit = dataclasses.replace(LIMITS[name], optional=optional)
+    bounds = {"gt" if limit.least_open else "ge": limit.least, "lt" if limit.most_open else "le": limit.most}
+    if not limit.integer:
+        bounds["allow_inf_nan"] = False
+    return _field(default, accepts=limit.accepts(unit), why=limit.why, why_least=limit.why_least or None, **bounds)
 
 
 class _Strict(BaseModel):
@@ -71,49 +106,51 @@ class _Strict(BaseModel):
 
 
 class LoraSpec(_Strict):
-    rank: int = _field(accepts="an integer >= 1", ge=1)
-    alpha: float | None = _field(None, accepts="a number > 0, or null (alpha = rank)", gt=0, allow_inf_nan=False)
-    target_modules: list[Text] | None = _field(
+    rank: int = _limited("lora_rank")
+    alpha: float | None = _limited("lora_alpha", None, optional=True)
+    target_modules: list[Label] | None = _field(
         None, accepts='a non-empty list of module names such as ["q_proj", "v_proj"], or null (the trainer\'s '
         'default)', item="a module name (a non-empty string)", min_length=1)
 
 
 class OptimizerSpec(_Strict):
-    learning_rate: float = _field(accepts="a number between 0 and 1 (exclusive)", gt=0, lt=1, allow_inf_nan=False)
-    weight_decay: float = _field(0.0, accepts="a number >= 0", ge=0, allow_inf_nan=False)
-    grad_clip_norm: float = _field(1.0, accepts="a number >= 0 (0: no clipping)", ge=0, allow_inf_nan=False)
+    learning_rate: float = _limited("learning_rate")
+    weight_decay: float = _limited("weight_decay", 0.0)
+    grad_clip_norm: float = _limited("grad_clip_norm", 1.0, unit="(0: no clipping)")
 
 
 class RLHyperparams(_Strict):
-    epochs: int = _field(accepts="an integer >= 1", ge=1)
-    max_steps: int = _field(accepts="an integer >= 1", ge=1)
-    group_size: int = _field(accepts="an integer >= 2", ge=2)
-    kl_beta: float = _field(accepts="a number >= 0", ge=0, allow_inf_nan=False)
-    temperature: float = _field(accepts="a number > 0", gt=0, allow_inf_nan=False)
-    max_completion_length: int = _field(accepts="an integer >= 1", ge=1)
-    batch_size: int = _field(8, accepts="an integer >= 1", ge=1)
+    epochs: int = _limited("epochs")
+    max_steps: int = _limited("max_steps")
+    group_size: int = _limited("group_size")
+    kl_beta: float = _limited("kl_beta")
+    temperature: float = _limited("temperature")
+    max_completion_length: int = _limited("max_completion_length")
+    batch_size: int = _limited("batch_size", 8)
     lora: LoraSpec
     optimizer: OptimizerSpec
 
 
 class RewardTermSpec(_Strict):
     kind: Literal["rule"] = _field(accepts='"rule"')
-    weight: float = _field(accepts="a finite number", allow_inf_nan=False)
+    weight: float = _limited("reward_weight")
     bundle: str = _field(accepts=f'a registry bundle NAME or NAME@VERSION such as "gsm8k/scoring", or one of '
                                  f'{", ".join(BUILTIN_PREFIX + n for n in BUILTINS)}')
     module: str = _field("reward", accepts='a Python module name such as "reward"', pattern=_MODULE)
     function: str = _field("compute_score", accepts='a Python function name such as "compute_score"',
                            pattern=_IDENTIFIER)
-    name: Text | None = _field(None, accepts="a non-empty string, or null (named after the bundle)")
+    name: Label | None = _field(None, accepts="a non-empty string, or null (named after the bundle)")
 
     @field_validator("bundle")
     @classmethod
     def _bundle_form(cls, value: str) -> str:
         if value.startswith(BUILTIN_PREFIX):
             if value[len(BUILTIN_PREFIX):] not in BUILTINS:
-                raise ValueError("unknown built-in grader")
-        elif not re.match(REF_PATTERN, value):
-            raise ValueError("not a registry reference")
+                raise ValueError("it is not a built-in grader")
+        else:
+            problem = registry_ref_problem(value)
+            if problem:
+                raise ValueError(problem)
         return value
 
     @property
@@ -144,41 +181,43 @@ class RewardSpec(_Strict):
                                          min_length=1)
     # Bundle graders run sandboxed: each call within timeoutSeconds and memoryMb; a step where more than
     # maxErrorFraction of the calls fail stops the run with the first errors.
-    max_error_fraction: float = _field(0.5, accepts="a number between 0 and 1", ge=0, le=1, allow_inf_nan=False)
-    timeout_seconds: float = _field(10.0, accepts="a number of seconds > 0", gt=0, allow_inf_nan=False)
-    memory_mb: int = _field(2048, accepts="an integer >= 64 (MiB)", ge=64)
+    max_error_fraction: float = _limited("max_reward_error_fraction", 0.5)
+    timeout_seconds: float = _limited("grader_timeout", 10.0, unit="of seconds")
+    memory_mb: int = _limited("grader_memory_mb", 2048, unit="(MiB)")
 
 
 class EnvironmentSpec(_Strict):
-    name: Text = _field(accepts='an environment name such as "finance-sql" (`strop envs list`), or "module:Class"')
+    name: Annotated[Text, _checked(lambda v: label_problem(v, max_chars=1000))] = _field(
+        accepts='an environment name such as "finance-sql" (`strop envs list`), an OpenEnv server URL, or '
+                '"module:Class"')
     options: dict[str, Any] = _field(default_factory=dict, accepts='an object of the environment\'s options, e.g. {"seed": 0}')
-    split: Text = _field("train", accepts='the split to train on, e.g. "train"')
+    split: Label = _field("train", accepts='the split to train on, e.g. "train"')
 
 
 class RunConfig(_Strict):
-    dataset: Text | None = _field(None, accepts='a registry dataset NAME or NAME@VERSION such as "gsm8k/train", or a '
-                                               'file path (or give config.environment instead)')
+    dataset: RegistryRef | None = _field(None, accepts='a registry dataset NAME or NAME@VERSION such as "gsm8k/train" '
+                                                      '(or give config.environment instead)')
     environment: EnvironmentSpec | None = _field(None, accepts='{"name": "finance-sql", "options": {...}} for '
                                                                'multi-turn tool use, instead of a dataset')
     method: Literal["grpo"] = _field(accepts='"grpo"')
     rl_hyperparams: RLHyperparams
     reward: RewardSpec | None = _field(None, accepts="the reward terms (needed with a dataset; an environment "
                                                      "gives its own reward)")
-    max_seq_length: int = _field(accepts="an integer > $.config.rlHyperparams.maxCompletionLength", ge=2)
-    eval_every: int | None = _field(None, accepts="an integer >= 1, or null (no evaluation during training)", ge=1)
+    max_seq_length: int = _limited("max_seq_length")  # and more than maxCompletionLength: cross_field_problems
+    eval_every: int | None = _limited("eval_every", None, optional=True)  # null: no evaluation during training
 
 
 class ExecutionSpec(_Strict):
-    gpus: int = _field(accepts="an integer >= 0", ge=0)
-    save_every: int = _field(accepts="an integer >= 1", ge=1)
-    keep_adapters: int = _field(accepts="an integer >= 1", ge=1)
+    gpus: int = _limited("gpus")
+    save_every: int = _limited("save_every")
+    keep_adapters: int = _limited("keep_adapters")
 
 
 class RunDescriptor(_Strict):
     kind: Literal["run"] = _field(accepts='"run"')
-    project: Text = _field(accepts="a project name (a non-empty string)")
-    config_name: Text = _field(accepts="a config name (a non-empty string)")
-    base_model: Text = _field(accepts='a base-model id such as "Qwen/Qwen3-0.6B"')
+    project: RegistryName = _field(accepts='a project name such as "gsm8k"')
+    config_name: Label = _field(accepts="a config name (a non-empty string)")
+    base_model: Label = _field(accepts='a base-model id such as "Qwen/Qwen3-0.6B"')
     config: RunConfig
     execution: ExecutionSpec
 
@@ -256,6 +295,12 @@ class RunDescriptor(_Strict):
 def validate_descriptor(data: object, *, source: str | None = None) -> RunDescriptor:
     """The checked descriptor, or a DescriptorError listing every problem (`source` names it in the message)."""
     problems: list[str] = []
+    depth = _depth(data)
+    if depth > MAX_DEPTH:
+        where = f" {source}" if source else ""
+        problem = (f"$: objects and lists nested more than {MAX_DEPTH} levels deep; a run descriptor has at most "
+                   f"{MAX_DEPTH} (environment options included)")
+        raise DescriptorError(f"invalid run descriptor{where} (1 problem):\n  {problem}", [problem])
     try:
         descriptor = RunDescriptor.model_validate(data)
     except ValidationError as e:
@@ -278,7 +323,16 @@ def load_descriptor(path: str | Path) -> RunDescriptor:
                               f"{Path.cwd()}).")
     if path.is_dir():
         raise DescriptorError(f"run descriptor {path} is a directory: pass the JSON file, e.g. {path / 'run.json'}.")
-    data = path.read_bytes()
+    try:
+        with open_regular(path, what="run descriptor") as f:
+            data = f.read(MAX_DESCRIPTOR_BYTES + 1)
+    except FileKindError as e:
+        raise DescriptorError(f"{e}: pass the JSON file itself.") from None
+    except OSError as e:
+        raise DescriptorError(f"run descriptor {path} cannot be read: {e.strerror or e}.") from None
+    if len(data) > MAX_DESCRIPTOR_BYTES:
+        raise DescriptorError(f"run descriptor {path} is over {MAX_DESCRIPTOR_BYTES:,} bytes; a descriptor is a page "
+                              f"of JSON (is this the right file?).")
     try:
         text = data.decode("utf-8-sig")  # -sig: editors that write a byte-order mark still work
     except UnicodeDecodeError as e:
@@ -291,6 +345,9 @@ def load_descriptor(path: str | Path) -> RunDescriptor:
     except json.JSONDecodeError as e:
         raise DescriptorError(f"run descriptor {path} is not valid JSON: {e.msg} at line {e.lineno}, column "
                               f"{e.colno}.") from None
+    except RecursionError:
+        raise DescriptorError(f"run descriptor {path} is JSON nested too deeply; a run descriptor has at most "
+                              f"{MAX_DEPTH} levels.") from None
     if not isinstance(value, dict):
         kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
         raise DescriptorError(f"run descriptor {path} holds a JSON {kind}; it must be one object like "
@@ -337,7 +394,9 @@ def cross_field_problems(data: Any) -> list[str]:
     config = child(data, "config", dict)
     hp = child(config, "rlHyperparams", dict)
     seq, completion = config.get("maxSeqLength"), hp.get("maxCompletionLength")
-    if _is_int(seq, least=2) and _is_int(completion, least=1) and seq <= completion:
+    in_range = all(_is_int(v, least=0) and LIMITS[name].problem(v) is None
+                   for name, v in (("max_seq_length", seq), ("max_completion_length", completion)))
+    if in_range and seq <= completion:  # a value out of its own range is reported once, by its field
         problems.append(f"$.config.maxSeqLength: must be greater than $.config.rlHyperparams.maxCompletionLength "
                         f"({completion}) to leave room for the prompt (got {seq})")
     has_dataset, has_env = config.get("dataset") is not None, config.get("environment") is not None
@@ -374,7 +433,14 @@ def _describe(error: dict) -> str:
     else:  # not expected: every field has an `accepts`; fall back to pydantic's own words
         accepts = error["msg"][0].lower() + error["msg"][1:]
     given = "missing" if kind == "missing" else f"got {_show(error.get('input'))}"
-    return f"{path}: must be {accepts} ({given})"
+    reason = ""
+    if kind == "value_error":  # a check of ours said why: a name's bad segment or character, say
+        reason = f"; {error['ctx']['error']}" if error.get("ctx", {}).get("error") else ""
+    elif kind in ("less_than_equal", "less_than") and extra.get("why"):
+        reason = f"; {extra['why']}"
+    elif kind in ("greater_than_equal", "greater_than") and extra.get("why_least"):
+        reason = f"; {extra['why_least']}"
+    return f"{path}: must be {accepts} ({given}){reason}"
 
 
 def _unknown_field(loc: tuple, path: str) -> str:
@@ -452,16 +518,32 @@ def _path(loc: tuple) -> str:
 def _join(path: str, key: Any) -> str:
     key = str(key)
     # Keys that are not plain names are quoted so the path still reads unambiguously.
-    return f"{path}.{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key) else f"{path}[{json.dumps(key)}]"
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]{0,99}", key):
+        return f"{path}.{key}"
+    quoted = json.dumps(key)  # ASCII, so a control or bidirectional character shows as its escape
+    return f"{path}[{quoted if len(quoted) <= SHOWN_CHARS else quoted[:SHOWN_CHARS - 4] + '...' + quoted[-1]}]"
 
 
 def _show(value: Any) -> str:
     """A given value as the person wrote it in JSON ("8" stays quoted, True is true), shortened."""
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=True)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+    text = text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+    return escape_hidden(text)  # a bidirectional override or an escape sequence is never printed raw
+
+
+def _depth(value: Any) -> int:
+    """How deeply objects and lists nest in `value` (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, level)
+            if level <= MAX_DEPTH:  # deeper is refused anyway: no need to walk on
+                stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def _is_int(value: Any, *, least: int) -> bool:

@@ -9,8 +9,11 @@ The estimate adds up, for the float32 CPU path strop runs:
 - training activations kept for the backward pass, for one micro-batch (the trainer packs at most 16,384
   tokens per micro-batch, fewer when that would not fit: `plan_grpo_memory`), per token and layer as measured
   on this code (see ACTIVATION_FLOATS),
-- a chunk of vocabulary logits, the softmax the trainer keeps for the backward (at most HEAD_KEEP_BYTES), and
-  the Python/torch runtime.
+- a chunk of vocabulary logits, the softmax the trainer keeps for the backward (at most HEAD_KEEP_BYTES),
+- every completion of a step (batch_size x group_size of them), held from sampling until the update: its token
+  ids, logprobs, text and rollout record, and its datum over the prompt and the completion (ROLLOUT_BYTES_PER_TOKEN,
+  DATUM_BYTES_PER_TOKEN), with no cap: a group of 10^9 samples is refused here rather than by the OOM killer,
+- and the Python/torch runtime.
 Available memory is MemAvailable from /proc/meminfo, or `$STROP_MEMORY_LIMIT_MB` when set (to keep a run
 within a share of a machine, and for tests).
 """
@@ -36,6 +39,12 @@ HEAD_KEEP_BYTES = 1 << 30
 # float32 values kept per token and layer for the backward pass, as multiples of the hidden size (H) and the
 # MLP width (I): calibrated against measured peaks (benchmarks/RESULTS.md, "memory estimate").
 ACTIVATION_FLOATS = (24, 7)
+# What the loop keeps per completion until the step's update (strop.rl.grpo._train_step), measured with
+# tracemalloc on its own objects at 256 completions of 256 tokens: sampled ids and logprobs, the Completion's
+# copies, its text and rollout record, 98 bytes per completion token; each datum's Python lists 108 bytes per
+# prompt + completion token, plus 16 bytes of tensors (int64 targets, float32 logprobs and advantages).
+ROLLOUT_BYTES_PER_TOKEN = 100
+DATUM_BYTES_PER_TOKEN = 128
 
 
 class MemoryRefused(StropError):
@@ -61,8 +70,9 @@ def estimate_grpo_memory(model_dir: str | Path, *, batch_size: int, group_size: 
     """Estimated peak bytes of a GRPO run, in parts, with `total`."""
     shape = model_shape(model_dir)
     seq = prompt_tokens + completion_tokens
-    rows = min(batch_size * group_size, MAX_SAMPLER_ROWS)
-    tokens = min(batch_size * group_size * seq, micro_batch_tokens)
+    completions = batch_size * group_size
+    rows = min(completions, MAX_SAMPLER_ROWS)  # the sampler decodes at most this many at once; the rest wait
+    tokens = min(completions * seq, micro_batch_tokens)
     per_token_layer = (ACTIVATION_FLOATS[0] * shape["hidden"] + ACTIVATION_FLOATS[1] * shape["intermediate"]) * 4
     parts = {
         "weights": 2 * shape["parameters"] * 4,
@@ -70,9 +80,10 @@ def estimate_grpo_memory(model_dir: str | Path, *, batch_size: int, group_size: 
         "activations": tokens * shape["layers"] * per_token_layer,
         "logitsChunk": HEAD_CHUNK * shape["vocab"] * 4 * 2,
         "headSoftmax": min(HEAD_KEEP_BYTES, tokens * shape["vocab"] * 4),
+        "rollouts": completions * (completion_tokens * ROLLOUT_BYTES_PER_TOKEN + seq * DATUM_BYTES_PER_TOKEN),
         "runtime": RUNTIME_BYTES,
     }
-    return {**parts, "total": sum(parts.values()), "tokensPerMicroBatch": tokens}
+    return {**parts, "total": sum(parts.values()), "tokensPerMicroBatch": tokens, "completions": completions}
 
 
 def available_bytes() -> int:
@@ -114,9 +125,13 @@ def check_fits(estimate: dict, *, what: str = "this run") -> None:
     have = available_bytes()
     if estimate["total"] <= have:
         return
-    parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in estimate.items() if k not in ("total", "tokensPerMicroBatch"))
+    parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in estimate.items() if k not in _NOT_PARTS)
     raise MemoryRefused(
         f"{what} would need about {estimate['total'] / GIB:.1f} GiB of memory ({parts} GiB) but "
-        f"{have / GIB:.1f} GiB is available. Lower batchSize x groupSize or maxCompletionLength (training "
-        f"activations grow with the tokens of a step, up to {MAX_TOKENS_PER_MICRO_BATCH:,} per micro-batch), use a "
-        "smaller base model, or free memory (STROP_MEMORY_LIMIT_MB sets the budget).")
+        f"{have / GIB:.1f} GiB is available. Lower batchSize x groupSize or maxCompletionLength (a step holds all "
+        f"{estimate['completions']:,} completions until its update, and training activations grow with the tokens "
+        f"of a step, up to {MAX_TOKENS_PER_MICRO_BATCH:,} per micro-batch), use a smaller base model, or free "
+        "memory (STROP_MEMORY_LIMIT_MB sets the budget).")
+
+
+_NOT_PARTS = ("total", "tokensPerMicroBatch", "completions")

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from strop.errors import StropError
+from strop.rl.limits import LIMITS
 
 LOSS_FNS = ("importance_sampling", "ppo", "cispo")
 
@@ -79,48 +80,35 @@ class GRPOConfig:
 
     def validate(self) -> list[str]:
         p = []
-        positive = {"group_size": 2, "batch_size": 1, "epochs": 1, "lora_rank": 1, "max_completion_length": 1,
-                    "save_every": 1, "keep_adapters": 1}
-        for name, least in positive.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                why = " (GRPO needs at least two samples to compare)" if name == "group_size" else ""
-                p.append(f"{name}: must be an integer >= {least}, got {value!r}{why}")
-        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
-            p.append(f"max_steps: must be a positive integer or None, got {self.max_steps!r}")
-        if self.eval_every is not None and (not isinstance(self.eval_every, int) or self.eval_every < 1):
-            p.append(f"eval_every: must be a positive integer or None, got {self.eval_every!r}")
-        if self.dataset_limit is not None and (not isinstance(self.dataset_limit, int) or self.dataset_limit < 1):
-            p.append(f"dataset_limit: must be a positive integer or None, got {self.dataset_limit!r}")
-        if not (isinstance(self.learning_rate, (int, float)) and 0 < self.learning_rate < 1):
-            p.append(f"learning_rate: must be in (0, 1), got {self.learning_rate!r}")
-        if self.temperature <= 0:
-            p.append(f"temperature: must be > 0 for GRPO (greedy samples are all alike), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            p.append(f"top_p: must be in (0, 1], got {self.top_p}")
-        if self.kl_beta < 0:
-            p.append(f"kl_beta: must be >= 0, got {self.kl_beta}")
+        # every size, count and number within its range (strop.rl.limits: the same table descriptors and
+        # `strop train`'s flags use)
+        for name, limit in LIMITS.items():
+            if name in _FIELDS:
+                problem = limit.problem(getattr(self, name))
+                if problem:
+                    p.append(f"{name}: {problem}")
         if self.loss_fn not in LOSS_FNS:
             p.append(f"loss_fn: must be one of {', '.join(LOSS_FNS)}, got {self.loss_fn!r}")
         for name in ("sampler_dtype", "compute_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16"):
                 p.append(f"{name}: must be float32 or bfloat16, got {getattr(self, name)!r}")
-        if self.max_seq_length is not None and self.max_seq_length <= self.max_completion_length:
+        if _is_int(self.max_seq_length) and _is_int(self.max_completion_length) \
+                and self.max_seq_length <= self.max_completion_length:
             p.append(f"max_seq_length ({self.max_seq_length}) must exceed max_completion_length "
                      f"({self.max_completion_length}) to leave room for the prompt")
-        if not (isinstance(self.grader_timeout, (int, float)) and self.grader_timeout > 0):
-            p.append(f"grader_timeout: must be a number of seconds > 0, got {self.grader_timeout!r}")
-        if not isinstance(self.grader_memory_mb, int) or self.grader_memory_mb < 64:
-            p.append(f"grader_memory_mb: must be an integer >= 64, got {self.grader_memory_mb!r}")
-        if not (isinstance(self.max_reward_error_fraction, (int, float)) and 0 <= self.max_reward_error_fraction <= 1):
-            p.append(f"max_reward_error_fraction: must be between 0 and 1, got {self.max_reward_error_fraction!r}")
         if self.environment is not None:
             env = self.environment
             if not isinstance(env, dict) or not isinstance(env.get("name"), str) \
                     or not isinstance(env.get("options", {}), dict) or set(env) - {"name", "options", "split"}:
-                p.append(f"environment: must be {{'name': ..., 'options': {{...}}, 'split': 'train'}}, got {env!r}")
+                p.append(f"environment: must be {{'name': ..., 'options': {{...}}, 'split': 'train'}}, got "
+                         f"{repr(env)[:200]}")
         if not isinstance(self.reward_terms, list) or not self.reward_terms:
             p.append("reward_terms: give at least one term, e.g. [{'name': 'correct', 'weight': 1.0, 'grader': 'builtin:gsm8k'}]")
+        else:
+            for i, term in enumerate(self.reward_terms):
+                problem = LIMITS["reward_weight"].problem(term.get("weight", 1.0) if isinstance(term, dict) else None)
+                if problem:
+                    p.append(f"reward_terms[{i}].weight: {problem}")
         return p
 
     def to_dict(self) -> dict:
@@ -140,3 +128,10 @@ class GRPOConfig:
     @classmethod
     def help(cls) -> dict[str, str]:
         return {f.name: f.metadata.get("help", "") for f in fields(cls)}
+
+
+_FIELDS = frozenset(f.name for f in fields(GRPOConfig))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
