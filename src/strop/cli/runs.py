@@ -49,7 +49,15 @@ def register(nouns) -> None:
     tb.add_argument("--port", type=int, default=6006, help="port on 127.0.0.1 (default: %(default)s)")
 
 
+def _printable(r: dict) -> dict:
+    """The run with the names people gave it escaped for a terminal (a record stored before names were checked
+    could hold a bidirectional override or an escape sequence); JSON output keeps them as stored."""
+    from strop.names import escape_hidden
+    return {**r, **{k: escape_hidden(r[k]) for k in ("project", "configName", "baseModel") if isinstance(r.get(k), str)}}
+
+
 def _show(r: dict) -> str:
+    r = _printable(r)
     lines = [f"run: {r['runId']}  ({r['project']} / {r['configName']})", f"status: {r['status']}",
              f"step: {r['step']}" + (f" of {r['maxSteps']}" if r.get("maxSteps") else ""),
              f"base model: {r['baseModel']}", f"model: {r['modelId'] or '-'}"]
@@ -114,7 +122,7 @@ def _get(args) -> int:
 
 def _list(args) -> int:
     from strop.control import runs
-    emit(args, runs.list_runs(args.project), lambda rs: format_table(rs, [
+    emit(args, runs.list_runs(args.project), lambda rs: format_table([_printable(r) for r in rs], [
         ("runId", "RUN"), ("project", "PROJECT"), ("configName", "CONFIG"), ("status", "STATUS"), ("step", "STEP"),
         ("modelId", "MODEL"), ("createdAt", "CREATED")]))
     return 0
