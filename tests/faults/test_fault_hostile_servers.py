@@ -215,14 +215,11 @@ def test_slow_and_silent_http_clients_are_dropped_while_others_are_served(financ
 
 def test_a_body_that_never_arrives_gets_408(finance_server):
     port = int(finance_server.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
-                     b'{"jsonrpc": ')
-        sock.settimeout(10)
-        started = time.perf_counter()
-        reply = sock.recv(65536)
-        assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply
-        assert time.perf_counter() - started < 3.0
+    started = time.perf_counter()
+    reply = raw_exchange(port, b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b'Content-Length: 100\r\n\r\n{"jsonrpc": ', timeout=10)
+    assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply
+    assert time.perf_counter() - started < 5.0                          # answered, then the connection closed
 
 
 def test_idle_sessions_are_closed_and_a_new_client_gets_in():
@@ -326,3 +323,169 @@ def test_a_server_answering_with_megabytes_is_refused():
     finally:
         flood.shutdown()
         flood.server_close()
+
+
+# ---- strop serve: lying headers, bad parameters, huge prompts, clients that leave or dawdle ------------------
+
+@pytest.fixture(scope="module")
+def model_server(tiny_model_dir):
+    from strop.serve import make_server
+    srv = make_server(str(tiny_model_dir), port=0, name="tiny", read_timeout=1.0, idle_timeout=1.0, max_connections=6)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def raw_exchange(port: int, head: bytes, timeout: float = 5.0) -> bytes:
+    """What the server answers to `head` (request line and headers, maybe the start of a body), read until it
+    closes or `timeout` passes."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head)
+        sock.settimeout(timeout)
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except OSError:                                  # timed out (no close), or reset after the answer
+            pass
+        return answer
+
+
+def chat(srv, body: dict | bytes, timeout: float = 60) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return post_json(srv.server_port, data, key=None)
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("headers, status, says", [
+    (b"Content-Length: -1\r\n", 400, "not a byte count"),                # was read to EOF: 300 MB into memory
+    (b"Content-Length: abc\r\n", 400, "not a byte count"),               # was an unanswered ValueError
+    (b"Content-Length: 10\r\nContent-Length: 20\r\n", 400, "not a byte count"),
+    (b"", 411, "needs a Content-Length"),                                 # was taken as an empty body
+    (b"Transfer-Encoding: chunked\r\n", 411, "chunked transfer encoding is not supported"),
+    (b"Content-Length: 300000000\r\n", 413, "over the limit of 1048576"),
+    (b"Content-Length: 99999999999999999999999\r\n", 400, "not a byte count"),
+])
+def test_a_lying_content_length_is_refused_before_any_body_is_read(model_server, headers, status, says):
+    started = time.perf_counter()
+    answer = raw_exchange(model_server.server_port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                                    b"Content-Type: application/json\r\n" + headers + b"\r\n")
+    assert answer.startswith(f"HTTP/1.1 {status}".encode()), answer[:200]
+    assert says.encode() in answer and b"Connection: close" in answer
+    assert time.perf_counter() - started < 1.0                            # answered at once, nothing read
+    assert chat(model_server, {"messages": HI, "max_tokens": 2})[0] == 200
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("temperature", float("nan"), "finite number between 0 and 2"),       # was accepted
+    ("temperature", float("inf"), "finite number between 0 and 2"),       # was accepted
+    ("temperature", -0.5, "finite number between 0 and 2"),               # was a 500
+    ("temperature", "0.7", "must be a number"),                           # was read as 0.7
+    ("top_p", float("nan"), "greater than 0 and at most 1"),              # was a 500
+    ("top_p", 0, "greater than 0 and at most 1"),
+    ("max_tokens", 0, "at least 1"),                                      # was quietly 256
+    ("max_tokens", 2.5, "must be an integer"),
+    ("max_completion_tokens", True, "must be an integer"),
+    ("n", 0, "at least 1"),                                               # was quietly 1
+    ("n", 17, "between 1 and 16"),
+    ("seed", "x", "must be an integer"),
+    ("stop", ["a", "b", "c", "d", "e"], "at most 4"),
+    ("stop", [""], "non-empty"),
+    ("stream", True, "not supported"),
+    ("messages", [{"role": 1}], "non-empty list"),
+    ("messages", [{"role": "user", "content": {"a": 1}}], "string or a list"),
+])
+def test_every_sampling_parameter_is_checked_and_named(model_server, field, value, says):
+    status, reply = chat(model_server, {"messages": HI, "max_tokens": 2, field: value})
+    assert status == 400 and says in reply["error"]["message"], reply
+    assert reply["error"]["param"] == field or reply["error"]["param"].startswith(field), reply
+
+
+@pytest.mark.parametrize("body, says", [(b"[]", "must be a JSON object"), (b'"hi"', "must be a JSON object"),
+                                        (b"[" * 100_000, "nests too deeply"), (b"{", "not JSON")])
+def test_a_body_that_is_not_a_request_is_a_400(model_server, body, says):
+    status, reply = chat(model_server, body)                              # [] was a 500 AttributeError
+    assert status == 400 and says in reply["error"]["message"], reply
+
+
+def test_the_real_client_gets_the_field_named(model_server):
+    from openai import BadRequestError, OpenAI
+    client = OpenAI(base_url=f"http://127.0.0.1:{model_server.server_port}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(BadRequestError, match="'temperature' must be a finite number between 0 and 2"):
+        client.chat.completions.create(model="tiny", messages=HI, max_tokens=2, temperature=-1)
+    with pytest.raises(BadRequestError, match="'n' must be at least 1"):
+        client.chat.completions.create(model="tiny", messages=HI, max_tokens=2, n=0)
+
+
+def test_a_prompt_over_the_context_is_refused_at_once(model_server, tiny_model_dir):
+    status, reply = chat(model_server, {"messages": [{"role": "user", "content": "a" * 3_000}], "max_tokens": 2})
+    assert status == 400 and reply["error"]["param"] == "messages"        # was run past the model's context
+    assert "over this server's limit of 2048 (the model's context of 2048 tokens)" in reply["error"]["message"]
+    started = time.perf_counter()                                         # the issue's 900 kB message
+    status, reply = chat(model_server, {"messages": [{"role": "user", "content": "hello " * 150_000}]})
+    assert status == 400 and "the prompt is" in reply["error"]["message"]
+    assert time.perf_counter() - started < 5.0                            # was 8+ minutes at 100% CPU
+    from strop.serve import make_server
+    small = make_server(str(tiny_model_dir), port=0, max_prompt_tokens=50)
+    threading.Thread(target=small.serve_forever, daemon=True).start()
+    try:
+        status, reply = chat(small, {"messages": [{"role": "user", "content": "a " * 100}], "max_tokens": 2})
+        assert status == 400 and "limit of 50 (--max-prompt-tokens)" in reply["error"]["message"]
+        assert chat(small, {"messages": HI, "max_tokens": 2})[0] == 200
+    finally:
+        small.shutdown()
+        small.server_close()
+
+
+def test_a_client_that_leaves_stops_its_generation(model_server):
+    long = json.dumps({"messages": [{"role": "user", "content": "hello world " * 300}], "max_tokens": 4096, "n": 16,
+                       "temperature": 1.0}).encode()
+    leaver = socket.create_connection(("127.0.0.1", model_server.server_port))
+    leaver.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: " + str(len(long)).encode() + b"\r\n\r\n" + long)
+    time.sleep(1.0)                                                       # 16 x 4,096 tokens: ~20 s of work
+    assert model_server.lock.locked()                                     # it is generating
+    leaver.close()                                                        # the client gives up
+    started = time.perf_counter()
+    status, reply = chat(model_server, {"messages": HI, "max_tokens": 2})
+    assert status == 200 and time.perf_counter() - started < 3.0          # was served after the whole 16 x 4,096
+    assert not model_server.lock.locked()
+
+
+def test_slow_idle_and_surplus_clients_are_dropped_while_others_are_served(model_server):
+    port = model_server.server_port
+    started = time.perf_counter()
+    silent = socket.create_connection(("127.0.0.1", port))                # opens, then says nothing
+    slow = socket.create_connection(("127.0.0.1", port))
+    dropped = {}
+
+    def trickle():                                                        # slowloris: one byte every 0.2 s
+        try:
+            for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100:
+                slow.sendall(bytes([byte]))
+                time.sleep(0.2)
+            dropped["slow"] = None
+        except OSError:
+            dropped["slow"] = time.perf_counter() - started
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    assert chat(model_server, {"messages": HI, "max_tokens": 2})[0] == 200   # others are served meanwhile
+    silent.settimeout(10)
+    assert silent.recv(1) == b""                                          # closed by the server
+    dropped["silent"] = time.perf_counter() - started
+    sender.join(30)
+    silent.close()
+    slow.close()
+    assert dropped["silent"] < 3.0 and dropped["slow"] is not None and dropped["slow"] < 4.0, dropped
+    # past max_connections (6), a new connection is answered 503 at once; once the idle ones go, all is well
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+    time.sleep(0.2)
+    answer = raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", timeout=2)
+    assert answer.startswith(b"HTTP/1.1 503") and b"its limit" in answer
+    time.sleep(1.5)
+    assert chat(model_server, {"messages": HI, "max_tokens": 2})[0] == 200
+    for sock in idle:
+        sock.close()

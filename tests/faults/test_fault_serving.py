@@ -125,8 +125,8 @@ def tiny_selected(home, capsys):  # noqa: F811
 def test_strop_serve_as_a_user_starts_it(tiny_selected):
     from openai import AuthenticationError, BadRequestError, OpenAI
     port = _free_port()
-    proc = _start(["serve", "strop/tiny-random", "--max-tokens-limit", "8", "--max-body-bytes", "4096"], port,
-                  "/health", key="sekret")
+    proc = _start(["serve", "strop/tiny-random", "--max-tokens-limit", "8", "--max-body-bytes", "4096",
+                   "--max-prompt-tokens", "64", "--idle-timeout", "1"], port, "/health", key="sekret")
     try:
         assert _listening_on(port) == {"127.0.0.1"}
         url = f"http://127.0.0.1:{port}/v1"
@@ -144,6 +144,12 @@ def test_strop_serve_as_a_user_starts_it(tiny_selected):
                                            messages=[{"role": "user", "content": "hi"}])
         status, body = post_json(port, b"x" * 8192, key="sekret")
         assert status == 413 and "over the limit of 4096" in body["error"]["message"]
+        with pytest.raises(BadRequestError, match=r"limit of 64 \(--max-prompt-tokens\)"):
+            client.chat.completions.create(model="strop/tiny-random", max_tokens=2,
+                                           messages=[{"role": "user", "content": "hi " * 100}])
+        with socket.create_connection(("127.0.0.1", port)) as idle:     # --idle-timeout 1: dropped, not kept
+            idle.settimeout(10)
+            assert idle.recv(1) == b""
         assert client.models.list().data[0].id == "strop/tiny-random"  # still serving after every refusal
     finally:
         err = _stop(proc)
@@ -156,11 +162,15 @@ def test_strop_serve_warns_when_exposed_without_a_key_and_names_its_argument(tin
     assert code == 1 and "MODEL 'model-nope'" in err and "--model" not in err
     code, _, err = run(capsys, "serve", "strop/tiny-random", "--max-tokens-limit", "0")
     assert code == 1 and "--max-tokens-limit must be at least 1" in err
+    code, _, err = run(capsys, "serve", "strop/tiny-random", "--read-timeout", "nan")
+    assert code == 1 and "--read-timeout must be a positive number of seconds" in err
 
 
 def test_strop_envs_serve_as_a_user_starts_it():
+    from websockets.sync.client import connect
     port = _free_port()
-    proc = _start(["envs", "serve", "finance-sql", "--max-message-bytes", "4096"], port, "/health", key="sekret")
+    proc = _start(["envs", "serve", "finance-sql", "--max-message-bytes", "4096", "--max-sessions", "1",
+                   "--session-idle-timeout", "1"], port, "/health", key="sekret")
     try:
         assert _listening_on(port) == {"127.0.0.1"}
         schema = f"http://127.0.0.1:{port}/schema"
@@ -177,6 +187,17 @@ def test_strop_envs_serve_as_a_user_starts_it():
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == 413
+        ws, auth = f"ws://127.0.0.1:{port}/ws", {"Authorization": "Bearer sekret"}
+        with connect(ws, additional_headers=auth, proxy=None) as idle:   # holds the one session, says nothing
+            idle.send(json.dumps({"type": "state"}))
+            idle.recv(timeout=10)
+            with connect(ws, additional_headers=auth, proxy=None) as second:
+                refused = json.loads(second.recv(timeout=10))["data"]
+                assert refused["code"] == "CAPACITY_REACHED" and "--max-sessions" in refused["message"]
+            assert json.loads(idle.recv(timeout=10))["data"]["code"] == "SESSION_IDLE"   # after 1 s of nothing
+        with connect(ws, additional_headers=auth, proxy=None) as third:                 # now there is room
+            third.send(json.dumps({"type": "reset", "data": {"split": "train", "index": 0}}))
+            assert json.loads(third.recv(timeout=10))["type"] == "observation"
     finally:
         err = _stop(proc)
     assert "warning" not in err

@@ -7,7 +7,7 @@ import os
 
 from strop.cli.output import note
 from strop.errors import StropError
-from strop.serve.server import MAX_BODY, MAX_TOKENS_LIMIT, exposure_warning
+from strop.serve.server import IDLE_TIMEOUT_S, MAX_BODY, MAX_TOKENS_LIMIT, READ_TIMEOUT_S, exposure_warning
 
 
 def register(nouns) -> None:
@@ -26,15 +26,26 @@ def register(nouns) -> None:
                    help="refuse requests asking for more than N completion tokens (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=MAX_BODY, metavar="N",
                    help="refuse request bodies over N bytes (default: %(default)s)")
+    p.add_argument("--max-prompt-tokens", type=int, metavar="N",
+                   help="refuse prompts over N tokens (default: the model's context, from its config.json)")
+    p.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, metavar="SECONDS",
+                   help="drop a client whose request has not arrived whole this long after its first byte "
+                        "(default: %(default)g)")
+    p.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_S, metavar="SECONDS",
+                   help="close a kept-alive connection that sends no request for this long (default: %(default)g)")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
     from strop.control.evaluations import resolve_model
     from strop.serve import make_server
-    for flag, value in (("--max-tokens-limit", args.max_tokens_limit), ("--max-body-bytes", args.max_body_bytes)):
-        if value < 1:
+    for flag, value in (("--max-tokens-limit", args.max_tokens_limit), ("--max-body-bytes", args.max_body_bytes),
+                        ("--max-prompt-tokens", args.max_prompt_tokens)):
+        if value is not None and value < 1:
             raise StropError(f"{flag} must be at least 1, got {value}")
+    for flag, value in (("--read-timeout", args.read_timeout), ("--idle-timeout", args.idle_timeout)):
+        if not 0 < value < float("inf"):
+            raise StropError(f"{flag} must be a positive number of seconds, got {value:g}")
     key = None
     if args.api_key_env:
         key = os.environ.get(args.api_key_env)
@@ -50,7 +61,8 @@ def run(args) -> int:
         note(warning)
     server = make_server(model["baseModel"], base_path=model["basePath"], adapter=model["adapter"], host=args.host,
                          port=args.port, api_key=key, name=args.model, max_body=args.max_body_bytes,
-                         max_tokens_limit=args.max_tokens_limit)
+                         max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
+                         read_timeout=args.read_timeout, idle_timeout=args.idle_timeout)
     note(f"serving {args.model} on http://{args.host}:{server.server_port}/v1 (Ctrl-C stops it)")
     try:
         server.serve_forever()
