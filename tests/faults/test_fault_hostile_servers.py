@@ -489,3 +489,23 @@ def test_slow_idle_and_surplus_clients_are_dropped_while_others_are_served(model
     assert chat(model_server, {"messages": HI, "max_tokens": 2})[0] == 200
     for sock in idle:
         sock.close()
+
+
+def test_a_schema_too_costly_to_compile_is_refused(model_server):
+    many = {"type": "object", "properties": {f"{i:x}": {} for i in range(700)}}        # 7 kB, compiled in ~0.5 s
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(4_000)}}  # was 37 s
+    for schema, says in ((many, "an object of 700 properties; the limit is 128"), (big, "the limit is 16384")):
+        started = time.perf_counter()
+        status, reply = chat(model_server, {"messages": HI, "max_tokens": 2, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        assert status == 400 and says in reply["error"]["message"] and reply["error"]["param"] == "response_format"
+        assert time.perf_counter() - started < 1.0
+    status, reply = chat(model_server, {"messages": HI, "max_tokens": 4, "response_format": {"type": "json_object"}})
+    assert status == 200
+
+
+def test_rubrics_leave_out_what_a_remote_state_cannot_mean():
+    from strop.envs.rubrics import rubric_metrics
+    states = [{"turns": 2, "correct": True}, {"turns": 10 ** 400, "correct": False},          # was OverflowError
+              {"turns": float("nan"), "sqlErrors": "x"}, {"turns": float("inf")}]               # was a NaN mean
+    assert rubric_metrics(states) == {"rubric/turns": 2.0, "rubric/correct": 0.5}

@@ -9,6 +9,7 @@ from SQL errors, answering at all).
 
 from __future__ import annotations
 
+import math
 import statistics
 
 # state key -> metric name; booleans become fractions of episodes, counts become means per episode
@@ -25,10 +26,21 @@ RUBRICS = {
 
 
 def rubric_metrics(states: list[dict]) -> dict[str, float]:
+    """The mean of each rubric over the states that hold it as a finite number (a remote environment's state
+    comes from another server: a NaN, an infinity or an integer past float's range is left out, not averaged)."""
     out = {}
     for key, name in RUBRICS.items():
-        values = [float(bool(s[key])) if isinstance(s.get(key), bool) else float(s[key])
-                  for s in states if isinstance(s.get(key), (bool, int, float))]
+        values = [v for v in (_number(s.get(key)) for s in states) if v is not None]
         if values:
             out[f"rubric/{name}"] = statistics.fmean(values)
     return out
+
+
+def _number(value) -> float | None:
+    if not isinstance(value, (bool, int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
