@@ -100,6 +100,17 @@ def test_an_observation_is_bounded_whatever_the_query(finance, query):
     assert "truncated" in content or "only the first" in content or content.startswith("Error:"), content[:300]
 
 
+def test_what_the_database_refuses_says_what_to_do(finance):
+    wide = finance.step(ToolCall("run_sql", {"query": "SELECT " + ", ".join(["*"] * 55) + " FROM income_statement"}))
+    assert wide.observation.content.startswith("Error: too many columns in the result (at most 64)")
+    huge = finance.step(ToolCall("run_sql", {"query": "SELECT randomblob(200000)"}))
+    assert huge.observation.content == "Error: a value in the result is over 100,000 bytes; select shorter values."
+    rows = finance.step(ToolCall("run_sql", {"query": "SELECT printf('%.*c', 190, 'x'), printf('%.*c', 190, 'y') "
+                                                      "FROM income_statement a, income_statement b, balance_sheet c"}))
+    rows = rows.observation.content                                     # 50 rows of 383 characters
+    assert len(rows) < 16_200 and "[output truncated at 16000 characters:" in rows
+
+
 def test_tool_arguments_a_model_wrote_badly_are_observations(finance):
     for arguments, says in (("[" * 30_000, "not valid JSON"), ("{" + '"a": 1, ' * 200_000 + "}", "the limit is")):
         content = finance.step(ToolCall("run_sql", arguments)).observation.content

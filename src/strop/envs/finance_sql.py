@@ -583,6 +583,10 @@ class FinanceSQLEnv:
         if isinstance(error, QueryRejected):
             return f"Error: {error}"
         message = str(error)
+        if message == "too many columns in result set":
+            return "Error: too many columns in the result (at most 64); name the columns you need instead of *."
+        if message == "string or blob too big":
+            return "Error: a value in the result is over 100,000 bytes; select shorter values."
         if "not authorized" in message:
             return "Error: not authorized: only reading with SELECT is allowed on this database."
         if message.startswith("no such table"):
