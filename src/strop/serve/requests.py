@@ -51,7 +51,7 @@ def read_request(body: Any, max_tokens_limit: int) -> ChatRequest:
     """The checked request in a parsed JSON body; RequestError naming the first bad field."""
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object such as {{\"messages\": [{{\"role\": \"user\", "
-                           f"\"content\": \"Hi\"}}]}}, not a JSON {type(body).__name__}")
+                           f"\"content\": \"Hi\"}}]}}, not {_shown(body)}")
     if body.get("stream"):
         raise RequestError("streaming is not supported by strop serve; send \"stream\": false or leave it out",
                            "stream")
@@ -80,8 +80,8 @@ def _messages(messages: Any) -> list[dict]:
     for i, m in enumerate(messages):
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
-            raise RequestError(f"'messages[{i}].content' must be a string or a list of content parts, not a JSON "
-                               f"{type(content).__name__}", f"messages[{i}].content")
+            raise RequestError(f"'messages[{i}].content' must be a string or a list of content parts, not "
+                               f"{_shown(content)}", f"messages[{i}].content")
     return messages
 
 
@@ -123,6 +123,8 @@ def _shown(value: Any) -> str:
     """A client's value as an error repeats it: short, whatever it was."""
     if isinstance(value, (dict, list)):
         return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
+    if isinstance(value, str) and len(value) > 60:
+        return "a long JSON string"
     text = repr(value) if isinstance(value, float) else json.dumps(value)
     return text if len(text) <= 60 else text[:60] + "..."
 
