@@ -6,7 +6,7 @@ Two kinds:
   then letters, digits, '.', '_' or '-' (so never '.' or '..'); at most 200 characters; NAME@VERSION refers to
   one version;
 - labels (a run's configName, a reward term's name, a base-model id, an environment name): free text, at most
-  200 characters (1,000 for a base model, which may be a folder's path), without control characters, invisible
+  200 characters (1,000 for an environment name, which may be a URL), without control characters, invisible
   formatting characters or bidirectional overrides (U+202E turns 'txt.exe' into 'exe.txt' on screen).
 
     >>> registry_name_problem("gsm8k/../train")

@@ -4,7 +4,8 @@ A descriptor names a project, a base model, a dataset, the GRPO hyperparameters,
 bundles) and how the run is executed. It is checked strictly and as a whole before anything is admitted:
 every problem is reported at once, one per line, as a JSON path, what is accepted there and what was given:
 
-    $.config.rlHyperparams.groupSize: must be an integer >= 2 (got 1)
+    $.config.rlHyperparams.groupSize: must be an integer from 2 to 1,024 (got 1000000000); a step holds every
+        completion (batchSize x groupSize) in memory until its update, ...
     $.config.rlHyperparams.optimizer.learningrate: unknown field; known fields here: learningRate, ...
         (did you mean 'learningRate'?)
 
