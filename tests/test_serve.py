@@ -110,7 +110,7 @@ def test_closing_joins_connection_threads_even_for_an_idle_keep_alive_client(tin
 
 
 def test_generation_in_chunks_gives_what_one_pass_gives(server):
-    # strop serve generates in chunks (32, 64, 128, 256 tokens) so that it can stop for a client that left;
+    # strop serve generates in chunks (64, then 256 tokens) so that it can stop for a client that left;
     # greedy text, the first chunk of seeded text, and stop strings across a chunk's edge come out as in one pass
     from strop import types
     from strop.serve.server import generate
@@ -122,14 +122,14 @@ def test_generation_in_chunks_gives_what_one_pass_gives(server):
         whole = server.sampler.sample(prompt=prompt, num_samples=2, sampling_params=params).result().sequences
         return whole, generate(server.sampler, prompt, 2, params, decode, lambda: False)
 
-    whole, chunked = both(max_tokens=100, temperature=0.0, stop=stops)
-    assert [s.tokens for s in chunked] == [s.tokens for s in whole] and len(whole[0].tokens) > 32
+    whole, chunked = both(max_tokens=200, temperature=0.0, stop=stops)
+    assert [s.tokens for s in chunked] == [s.tokens for s in whole] and len(whole[0].tokens) > 64
     assert [s.stop_reason for s in chunked] == [s.stop_reason for s in whole]
-    whole, chunked = both(max_tokens=100, temperature=1.0, seed=7, stop=stops)
-    assert [s.tokens[:32] for s in chunked] == [s.tokens[:32] for s in whole]
-    # the tiny model's greedy text is newlines: 40 of them end it within the second chunk (tokens 32-95),
-    # which the engine, seeing only that chunk's 8, cannot tell
-    whole, chunked = both(max_tokens=100, temperature=0.0, stop=["\n" * 40])
-    assert whole[0].stop_reason == "stop" and 40 <= len(whole[0].tokens) < 64
+    whole, chunked = both(max_tokens=200, temperature=1.0, seed=7, stop=stops)
+    assert [s.tokens[:64] for s in chunked] == [s.tokens[:64] for s in whole]
+    # the tiny model's greedy text is newlines: 80 of them end it within the second chunk (tokens 64-319),
+    # which the engine, seeing only that chunk's 16 or so, cannot tell
+    whole, chunked = both(max_tokens=200, temperature=0.0, stop=["\n" * 80])
+    assert whole[0].stop_reason == "stop" and 80 <= len(whole[0].tokens) < 128
     assert [(s.tokens, s.stop_reason) for s in chunked] == [(s.tokens, s.stop_reason) for s in whole]
     assert generate(server.sampler, prompt, 2, types.SamplingParams(max_tokens=100), decode, lambda: True) is None
