@@ -47,6 +47,7 @@ MAX_TOKENS_LIMIT = 4096
 READ_TIMEOUT_S = 30.0     # a request's head and body, from its first byte
 IDLE_TIMEOUT_S = 30.0     # a keep-alive connection waiting for its next request
 MAX_CONNECTIONS = 64      # a thread each; more are answered 503 at once
+DEFAULT_MAX_PROMPT_TOKENS = 32_768   # for a model whose config.json names no context length
 # Generation runs in chunks (64 tokens, then 256 at a time); between them, whether the client is still there is
 # asked. Most answers end within the first; each later chunk re-reads the prompt and the tokens so far (the engine
 # keeps no cache between calls), which for one row costs a few percent of the chunk's decoding.
@@ -319,7 +320,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, {"error": {"message": message, "type": kind, "param": param, "code": None}})
 
     def send_error(self, code, message=None, explain=None):  # the standard library's refusals, in the same shape
-        self._error(int(code), message or HTTPStatus(code).phrase, close=True)
+        self._error(int(code), (message or HTTPStatus(code).phrase)[:200], close=True)
 
     def _authorised(self) -> bool:
         if self.server.api_key and self.headers.get("Authorization") != f"Bearer {self.server.api_key}":
@@ -428,9 +429,11 @@ def make_server(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_ke
     sampler = strop.ServiceClient().create_sampling_client(base_model=base, model_path=adapter)
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(base))
     source = "--max-prompt-tokens"
-    if max_prompt_tokens is None:
-        max_prompt_tokens = context_length(resolve_model(base))
-        source = f"the model's context of {max_prompt_tokens} tokens"
+    if max_prompt_tokens is None:       # the sampler has just loaded the model, so its folder is here
+        context = context_length(resolve_model(base, download=False))
+        max_prompt_tokens = context or DEFAULT_MAX_PROMPT_TOKENS
+        source = (f"the model's context of {context} tokens" if context else
+                  f"a default of {DEFAULT_MAX_PROMPT_TOKENS}: the model's config.json names no context length")
     return ModelServer((host, port), sampler, renderer, name or model, api_key, max_body, max_tokens_limit,
                        max_prompt_tokens=max_prompt_tokens, prompt_limit_source=source, read_timeout=read_timeout,
                        idle_timeout=idle_timeout, max_connections=max_connections)
