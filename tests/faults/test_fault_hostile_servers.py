@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import socket
+import threading
 import time
 import urllib.request
 
 import pytest
+from loopback import post_json
 
-from strop.envs.base import ToolCall
+from strop.envs.base import Observation, StepResult, Task, ToolCall
 from strop.envs.finance_sql import FinanceSQLEnv, parse_answer, single_select
+from strop.envs.openenv_client import RemoteEnv, RemoteEnvError
+from strop.envs.openenv_server import serve_env
 
 # ---- parsers of model text: adversarial strings under a time budget ----------------------------------------
 
@@ -122,17 +127,22 @@ def test_tool_arguments_a_model_wrote_badly_are_observations(finance):
 
 # ---- strop envs serve: slow, silent, idle and deep clients ---------------------------------------------------
 
-pytest.importorskip("uvicorn", reason="pip install 'strop[openenv]'")
+def needs_openenv_extras() -> None:
+    for module in ("starlette", "uvicorn", "websockets"):
+        pytest.importorskip(module, reason="pip install 'strop[openenv]'")
 
-import socket  # noqa: E402
-import threading  # noqa: E402
 
-from loopback import post_json  # noqa: E402
-from websockets.sync.client import connect  # noqa: E402
+def served(env, **kwargs):
+    """`strop envs serve` in this process (started; `.stop()` it)."""
+    needs_openenv_extras()
+    return serve_env(env, block=False, **kwargs)
 
-from strop.envs.base import Observation, StepResult, Task  # noqa: E402
-from strop.envs.openenv_client import RemoteEnv, RemoteEnvError  # noqa: E402
-from strop.envs.openenv_server import serve_env  # noqa: E402
+
+def connect(url: str, **kwargs):
+    """A WebSocket client (the `websockets` package)."""
+    needs_openenv_extras()
+    from websockets.sync.client import connect as ws_connect
+    return ws_connect(url, **kwargs)
 
 
 class FloodEnv:
@@ -172,7 +182,7 @@ def ws_url(server) -> str:
 
 @pytest.fixture
 def finance_server():
-    server = serve_env("finance-sql", port=0, options={"seed": 0}, read_timeout_s=1.0, block=False)
+    server = served("finance-sql", port=0, options={"seed": 0}, read_timeout_s=1.0)
     yield server
     server.stop()
 
@@ -234,7 +244,7 @@ def test_a_body_that_never_arrives_gets_408(finance_server):
 
 
 def test_idle_sessions_are_closed_and_a_new_client_gets_in():
-    server = serve_env(FloodEnv, port=0, max_sessions=2, session_idle_s=1.0, block=False)
+    server = served(FloodEnv, port=0, max_sessions=2, session_idle_s=1.0)
     try:
         idle = [connect(ws_url(server), proxy=None).__enter__() for _ in range(2)]       # connect, then say nothing
         status, made = post_json(int(server.url.rsplit(":", 1)[1]),
@@ -285,7 +295,7 @@ def test_a_huge_observation_reaches_the_model_cut_with_a_marker(tiny_model_dir):
     from strop.rl.multiturn import OBSERVATION_CHARS, _act, run_episodes
     from strop.tokenizer_utils import get_tokenizer
 
-    server = serve_env(FloodEnv, port=0, block=False)                    # 5 MB a reset, 5 MB a step
+    server = served(FloodEnv, port=0)                    # 5 MB a reset, 5 MB a step
     try:
         env = RemoteEnv(server.url, timeout=30)
         model = str(tiny_model_dir)
@@ -304,7 +314,7 @@ def test_a_huge_observation_reaches_the_model_cut_with_a_marker(tiny_model_dir):
 
 
 def test_a_server_sending_a_nan_reward_is_refused():
-    server = serve_env(lambda: FloodEnv(size=10, reward=float("nan")), port=0, block=False)
+    server = served(lambda: FloodEnv(size=10, reward=float("nan")), port=0)
     try:
         with RemoteEnv(server.url, timeout=10) as env:
             env.reset(env.tasks("train", 1)[0])
