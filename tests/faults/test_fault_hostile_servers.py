@@ -76,6 +76,22 @@ def test_the_sql_statement_check_takes_bounded_time(sql):
     assert seconds_taken(single_select, sql) < 0.25
 
 
+@pytest.mark.parametrize("line", ['{"a":' * 100_000, "run_sql " + "'" * 100_001, "list_tables " + "a " * 100_000,
+                                  "x=" * 100_000, "describe_table " + " " * 100_000 + "x"])
+def test_a_line_typed_into_envs_try_is_read_or_refused_at_once(line):
+    from strop.cli.envs import _parse_line
+
+    def read(text):
+        try:
+            _parse_line(text)
+        except (ValueError, KeyError) as exc:        # what `strop envs try` answers with "could not read that call"
+            return type(exc)
+        return None
+    started = time.perf_counter()
+    read(line)                                       # a RecursionError here was a traceback out of `envs try`
+    assert time.perf_counter() - started < 0.5
+
+
 @pytest.fixture
 def finance(tmp_path):
     env = FinanceSQLEnv(seed=0, db_dir=str(tmp_path))

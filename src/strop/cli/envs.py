@@ -86,7 +86,10 @@ def _parse_line(line: str):
     from strop.envs.base import ToolCall
     line = line.strip()
     if line.startswith("{"):
-        data = json.loads(line)
+        try:
+            data = json.loads(line)
+        except RecursionError:
+            raise ValueError("the JSON nests too deeply") from None
         return ToolCall(data["name"], data.get("arguments") or {})
     name, _, rest = line.partition(" ")
     argument = {"describe_table": "table", "run_sql": "query", "submit_answer": "answer"}.get(name)
