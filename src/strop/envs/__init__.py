@@ -35,7 +35,7 @@ URL_PREFIXES = ("http://", "https://", "ws://", "wss://")
 # What issubclass(cls, Environment) would check if Environment (a Protocol with data members, name and
 # max_turns, which issubclass refuses) allowed it: the methods, present on the class before any instance exists.
 ENVIRONMENT_METHODS = ("tools", "tasks", "splits", "reset", "step", "state", "close")
-_CLASS_REF = re.compile(r"(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<attr>[A-Za-z_][A-Za-z0-9_]*)")
+_CLASS_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 MAX_NAME_CHARS = 1000  # a URL or module path; longer is not a name
 
 __all__ = ["Environment", "Observation", "StepResult", "Task", "ToolCall", "get_env", "list_envs", "env_kind",
@@ -116,7 +116,8 @@ def load_env_class(name: str) -> type:
                              f"PYTHONPATH to the folder that holds it); or name {accepted()}") from None
         raise StropError(f"environment {shown(name)}: importing {module_name} failed: {exc}") from None
     except Exception as exc:  # the module's own code raised: say so, rather than a traceback
-        raise StropError(f"environment {shown(name)}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+        raise StropError(f"environment {shown(name)}: importing {module_name} failed: "
+                         f"{type(exc).__name__}: {exc}") from None
     obj = getattr(module, attr, None)
     if obj is None:
         raise StropError(f"environment {shown(name)}: {module_name} has no {attr}; name {accepted()}")

@@ -55,7 +55,8 @@ class Limit:
                 (isinstance(value, float) and not math.isfinite(value)):
             return f"must be {self.accepts(unit)} (got {_shown(value)})"
         if value < self.least or (self.least_open and value == self.least):
-            return f"must be {self.accepts(unit)} (got {_shown(value)})" + (f"; {self.why_least}" if self.why_least else "")
+            reason = f"; {self.why_least}" if self.why_least else ""
+            return f"must be {self.accepts(unit)} (got {_shown(value)}){reason}"
         if value > self.most or (self.most_open and value == self.most):
             return f"must be {self.accepts(unit)} (got {_shown(value)}); {self.why}"
         return None
