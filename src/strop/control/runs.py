@@ -60,9 +60,9 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
             from strop.envs import env_kind, find_env_module, get_env
             if dry_run and env_kind(env.name) == "class":
                 where = find_env_module(env.name)  # on the path, found without running any of it
-                pinned["notChecked"] = [f"$.config.environment.name: {env.name} is a user's class, not imported by "
-                                        f"--dry-run (it is in {where}); starting the run imports it and checks that "
-                                        f"it is an environment class with split {env.split!r}"]
+                pinned["notChecked"] = [f"$.config.environment.name: {env.name} is a 'module:Class' name, not "
+                                        f"imported by --dry-run (its module is {where}); starting the run imports "
+                                        f"it and checks that it names an environment class with split {env.split!r}"]
             else:
                 problems += _probe_environment(env, get_env)
         except StropError as exc:

@@ -87,7 +87,9 @@ def find_env_module(name: str) -> str:
     if spec is None:
         raise StropError(f"environment {shown(name)}: no module named {module!r} on the Python path (set PYTHONPATH "
                          f"to the folder that holds it; the run's worker needs it too); or name {accepted()}")
-    return spec.origin or f"the namespace package {module}"
+    if spec.has_location and spec.origin:
+        return spec.origin
+    return f"Python's own {module}" if spec.origin in ("built-in", "frozen") else f"the namespace package {module}"
 
 
 def get_env(name: str, **options) -> Environment:
