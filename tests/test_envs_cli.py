@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -31,6 +32,18 @@ def test_envs_list_and_an_episode_played_by_hand():
     assert "episode over: reward 1.1" in out
     bad = strop("envs", "try", "finance-sql", "--task", "9999")
     assert bad.returncode == 1 and "--task must be between 0 and" in bad.stderr
+
+
+@pytest.mark.parametrize("line", ["run_sql " + "'" * 100_001, "list_tables " + "a " * 100_000, "x=" * 100_000,
+                                  "describe_table " + " " * 100_000 + "x"])
+def test_a_long_line_typed_into_envs_try_is_read_or_refused_at_once(line):
+    from strop.cli.envs import _parse_line
+    started = time.perf_counter()
+    try:
+        _parse_line(line)
+    except (ValueError, KeyError):              # what `strop envs try` answers with "could not read that call"
+        pass
+    assert time.perf_counter() - started < 0.5
 
 
 def test_envs_eval_of_a_tuned_and_a_base_model(tiny_model_dir):

@@ -303,6 +303,21 @@ def test_answers_parse(text, value, percent):
     assert parsed is not None and parsed.value == pytest.approx(value) and parsed.percent is percent
 
 
+@pytest.mark.parametrize("text", ["9" * 200_000, "1" + ",000" * 50_000 + ",00", "(" * 100_000 + "1",
+                                  "SELECT " + "'" * 19_990, "SELECT " + "/*" * 9_990, "SELECT 1" + ";" * 19_990,
+                                  "SELECT " + "-- \n" * 4_990, "SELECT " + "[" * 19_990, " " * 19_999 + "S"])
+def test_long_runs_are_read_in_bounded_time(text):
+    # the answer parser and the statement check on runs of one character (the hostile cases that were slow
+    # are in tests/faults/test_fault_hostile_servers.py)
+    for read in (parse_answer, single_select):
+        started = time.perf_counter()
+        try:
+            read(text)
+        except Exception:  # noqa: BLE001 - refused or not, only the time matters here
+            pass
+        assert time.perf_counter() - started < 0.25, read.__name__
+
+
 @pytest.mark.parametrize("text", ["", "twelve", "n/a", None, True, float("nan")])
 def test_non_numbers_do_not_parse(text):
     assert parse_answer(text) is None
