@@ -98,7 +98,7 @@ def test_three_mistakes_are_reported_together_with_their_paths():
     hp["groupSize"] = 1                                        # out of range
     hp["optimizer"]["learningrate"] = hp["optimizer"].pop("learningRate")   # a typo: unknown, and required missing
     found = problems(data)
-    assert "$.config.rlHyperparams.maxSteps: must be an integer from 1 to 1,000,000 (got \"100\")" in found
+    assert "$.config.rlHyperparams.maxSteps: must be an integer from 1 to 1,000,000, or null (got \"100\")" in found
     assert ("$.config.rlHyperparams.groupSize: must be an integer from 2 to 1,024 (got 1); GRPO needs at least two "
             "samples of a prompt to compare") in found
     unknown = [p for p in found if p.startswith("$.config.rlHyperparams.optimizer.learningrate: unknown field")]

@@ -170,7 +170,8 @@ def test_prompts_too_long_for_max_seq_length_are_refused_up_front(tiny_model_dir
 # --- steps and passes (seed 003: "100 steps make four passes over a 200-row subset") ------------------------
 
 def test_max_steps_is_the_number_of_steps_and_the_rows_are_passed_over_as_often_as_it_takes():
-    from strop.rl.grpo import StepBatches, count_steps
+    from strop.rl.config import count_steps
+    from strop.rl.grpo import StepBatches
     seed_003 = GRPOConfig(base_model="strop/tiny-random", dataset="synthetic:add", batch_size=8, epochs=1,
                           max_steps=100)
     assert count_steps(200, seed_003) == (100, 4)
@@ -186,7 +187,8 @@ def test_max_steps_is_the_number_of_steps_and_the_rows_are_passed_over_as_often_
 
 
 def test_without_max_steps_epochs_passes_are_made_and_a_short_last_batch_is_kept():
-    from strop.rl.grpo import StepBatches, count_steps
+    from strop.rl.config import count_steps
+    from strop.rl.grpo import StepBatches
     config = GRPOConfig(base_model="strop/tiny-random", dataset="synthetic:add", batch_size=4, epochs=2)
     assert count_steps(10, config) == (6, 2)
     batches = StepBatches(10, config)

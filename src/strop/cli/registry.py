@@ -18,11 +18,12 @@ def register(nouns) -> None:
 
 def _kind(kinds, kind: str) -> None:
     what = "a JSONL/JSON/parquet file of rows with question and answer" if kind == "datasets" \
-        else "a directory of Python modules whose MODULE defines compute_score"
+        else "a directory of Python modules, one or more of which define compute_score"
     p = kinds.add_parser(kind, help=f"{kind}: register, list, get, delete")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     example = ("strop registry datasets register gsm8k/train -f data/train.jsonl" if kind == "datasets"
-               else "strop registry bundles register gsm8k/scoring -f scoring/")
+               else "strop registry bundles register gsm8k/scoring -f scoring/\n"
+                    "  (then use a module by name: bundle:gsm8k/scoring#MODULE:compute_score)")
     reg = verbs.add_parser("register", help=f"store {what} as a new version",
                            description=f"Store {what} as a new version of NAME. Content that a version of NAME "
                                        "already holds returns that version instead.",
@@ -30,8 +31,10 @@ def _kind(kinds, kind: str) -> None:
     reg.add_argument("name", metavar="NAME")
     reg.add_argument("-f", "--file", required=True, metavar="DIR" if kind == "bundles" else "FILE")
     if kind == "bundles":
-        reg.add_argument("--module", default="reward", help="module to check (default: %(default)s)")
-        reg.add_argument("--function", default="compute_score", help="function to check (default: %(default)s)")
+        reg.add_argument("--module", help="check only this module (default: every top-level module that defines "
+                                          "the function; at least one must)")
+        reg.add_argument("--function", default="compute_score",
+                         help="the grader function to look for and check (default: %(default)s)")
     add_output_flags(reg)
     reg.set_defaults(handler=lambda a: _register(a, kind))
 

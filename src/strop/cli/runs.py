@@ -31,7 +31,10 @@ def register(nouns) -> None:
     start = verb("start", "validate, admit and start a run (prints its runId)",
                  "RUN=$(strop runs start -f run.json -o json --jq .runId)", _start, run_arg=False)
     start.add_argument("-f", "--file", required=True, help="the run descriptor (JSON)")
-    start.add_argument("--dry-run", action="store_true", help="validate and check admission only; start nothing")
+    start.add_argument("--dry-run", action="store_true",
+                       help="validate and check admission only, and say how many steps and passes over the rows the "
+                            "run would make (maxSteps is the number of steps, the rows reshuffled each pass until it "
+                            "is reached; without maxSteps, epochs passes); start nothing")
     wait = verb("wait", "wait until the run finishes, showing its progress", 'strop runs wait "$RUN" --exit-status', _wait)
     wait.add_argument("--exit-status", action="store_true", help="exit 0 only if the run succeeded")
     wait.add_argument("--timeout", type=float, help="give up after this many seconds")
@@ -59,9 +62,11 @@ def _printable(r: dict) -> dict:
 def _show(r: dict) -> str:
     r = _printable(r)
     lines = [f"run: {r['runId']}  ({r['project']} / {r['configName']})", f"status: {r['status']}",
-             f"step: {r['step']}" + (f" of {r['maxSteps']}" if r.get("maxSteps") else ""),
+             f"step: {r['step']}" + (f" of {_total(r)}" if _total(r) else ""),
              f"base model: {r['baseModel']}", f"model: {r['modelId'] or '-'}"]
     pinned = r.get("pinned") or {}
+    if r.get("passes"):
+        lines.append(f"passes over the rows: {r['passesMade']} of {r['passes']}")
     if "dataset" in pinned:
         lines.append(f"dataset: {pinned['dataset']['ref']}")
     if "environment" in pinned:
@@ -86,6 +91,19 @@ def _show(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _total(r: dict):
+    return r.get("steps") or r.get("maxSteps")
+
+
+def _plan(pinned: dict) -> str:
+    """'100 steps of 8 prompts: 4 passes over 200 rows', as the run will make them."""
+    plan = pinned.get("plan")
+    if not plan:
+        return ""
+    passes = "1 pass" if plan["passes"] == 1 else f"{plan['passes']} passes"
+    return f"\n{plan['steps']} steps of {plan['batchSize']} prompts: {passes} over {plan['rows']} rows"
+
+
 def _start(args) -> int:
     from strop.control import runs
     result = runs.start(args.file, dry_run=args.dry_run)
@@ -93,7 +111,7 @@ def _start(args) -> int:
         emit(args, result, lambda r: "descriptor is valid and admissible: " + (
             f"dataset {r['pinned']['dataset']['ref']}, {len(r['pinned']['terms'])} reward term(s)" if "dataset" in r["pinned"]
             else f"environment {r['pinned']['environment']['name']}") + f", base model {r['pinned']['baseModel']['id']}"
-            + "".join(f"\nnot checked: {line}" for line in r.get("notChecked", [])))
+            + _plan(r["pinned"]) + "".join(f"\nnot checked: {line}" for line in r.get("notChecked", [])))
     else:
         emit(args, result, lambda r: r["runId"])
     return 0
@@ -105,7 +123,7 @@ def _wait(args) -> int:
 
     def show(info):
         if sys.stderr.isatty() or info["step"] != last.get("step") or info["status"] != last.get("status"):
-            total = f"/{info['maxSteps']}" if info.get("maxSteps") else ""
+            total = f"/{_total(info)}" if _total(info) else ""
             note(f"{info['runId']}: {info['status']}, step {info['step']}{total}")
         last.update(info)
 

@@ -38,8 +38,10 @@ def register(nouns) -> None:
     p.add_argument("--reward", action="append", metavar="REF[=WEIGHT]",
                    help="a reward term: builtin:gsm8k, builtin:gsm8k-format or DIR[#MODULE[:FUNCTION]], with an "
                         "optional weight (default 1.0); repeat for several terms (default: builtin:gsm8k)")
-    p.add_argument("--steps", type=int, help="stop after N steps (default: one epoch)")
-    p.add_argument("--epochs", type=int, default=1, help="passes over the dataset (default: %(default)s)")
+    p.add_argument("--steps", type=int, help="the number of steps: the rows are reshuffled each pass until N steps "
+                                             "are made, --epochs notwithstanding (default: --epochs passes)")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the dataset when --steps is not given "
+                                                         "(default: %(default)s)")
     p.add_argument("--group-size", type=int, default=8, help="samples per prompt, at least 2 (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per step (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens per completion (default: %(default)s)")

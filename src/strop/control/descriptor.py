@@ -121,8 +121,10 @@ class OptimizerSpec(_Strict):
 
 
 class RLHyperparams(_Strict):
-    epochs: int = _limited("epochs")
-    max_steps: int = _limited("max_steps")
+    # maxSteps is the number of steps, the rows reshuffled each pass until it is reached (seed 003: 100 steps of
+    # 8 prompts make four passes over 200 rows); without maxSteps, `epochs` passes are made
+    epochs: int = _limited("epochs", 1)
+    max_steps: int | None = _limited("max_steps", None, optional=True)
     group_size: int = _limited("group_size")
     kl_beta: float = _limited("kl_beta")
     temperature: float = _limited("temperature")

@@ -14,7 +14,7 @@ import re
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from strop.control.registry import RegistryError, check_name, get_bundle, get_dataset
+from strop.control.registry import RegistryError, check_bundle_module, check_name, get_bundle, get_dataset
 from strop.errors import StropError
 from strop.names import shown
 from strop.store import open_store, session_scope
@@ -78,11 +78,12 @@ def parse_grader(ref: str) -> dict:
     if module and not _MODULE.fullmatch(module) or function and not _IDENTIFIER.fullmatch(function):
         raise ProjectError(f"grader {shown(ref)}: after '#' comes a Python module and function, e.g. "
                            "bundle:gsm8k/scoring#reward:compute_score")
+    module, function = module or "reward", function or "compute_score"
     try:
-        get_bundle(bundle)
+        check_bundle_module(get_bundle(bundle), module, function)
     except RegistryError as exc:
         raise ProjectError(f"grader {shown(ref)}: {exc}") from None
-    return {"kind": "bundle", "bundle": bundle, "module": module or "reward", "function": function or "compute_score"}
+    return {"kind": "bundle", "bundle": bundle, "module": module, "function": function}
 
 
 def set_evaluation(name: str, dataset: str, grader: str) -> dict:

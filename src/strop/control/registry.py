@@ -79,22 +79,57 @@ def dataset_file(ref: str) -> tuple[Path, dict]:
 
 # ---- bundles ----------------------------------------------------------------------------------------------
 
-def register_bundle(name: str, directory: str | Path, module: str = "reward", function: str = "compute_score") -> dict:
-    """Snapshot a bundle directory after checking, in a fresh interpreter, that `module` imports and
-    `function` has the compute_score signature."""
-    from strop.scoring import check_bundle
+def register_bundle(name: str, directory: str | Path, module: str | None = None,
+                    function: str = "compute_score") -> dict:
+    """Snapshot a bundle directory (a folder of Python modules) after checking it in the grader sandbox: every
+    top-level module that defines `function` (at least one must), or only `module` when it is given."""
+    from strop.scoring import check_bundle, check_bundle_folder
     check_name(name, "bundle")
     directory = Path(directory)
     if not directory.is_dir():
-        raise RegistryError(f"bundle directory {directory} does not exist or is not a directory; pass the folder "
-                            f"that holds {module}.py, e.g. -f scoring/")
-    problem = check_bundle(directory, module, function)
+        raise RegistryError(f"bundle directory {directory} does not exist or is not a directory; pass the folder of "
+                            f"Python modules, e.g. strop registry bundles register {name} -f scoring/")
+    artifacts.dir_sha256(directory)  # special files and links are refused before any of it is imported
+    if module is None:
+        modules, problem = check_bundle_folder(directory, function)
+    else:
+        present = _top_modules(directory)
+        if module not in present and not directory.joinpath(*module.split(".")).with_suffix(".py").is_file():
+            raise RegistryError(f"bundle folder {directory} has no module {module!r} (its modules: "
+                                f"{', '.join(present) or 'none'}): name one of them with --module, or leave --module "
+                                f"out to check every module that defines {function}: "
+                                f"strop registry bundles register {name} -f {directory}")
+        modules, problem = [module], check_bundle(directory, module, function)
     if problem:
         raise RegistryError(f"bundle {name!r} from {directory} was not registered: {problem}")
     sha = artifacts.put_dir(directory)
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*.py") if "__pycache__" not in p.parts)
     return _register(Bundle, BundleVersion, "bundle_id", name, sha, source=str(directory.resolve()),
-                     info={"files": files, "checked": f"{module}:{function}"})
+                     info={"files": files, "modules": modules,
+                           "checked": ", ".join(f"{m}:{function}" for m in modules)})
+
+
+def _top_modules(directory: Path) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.py") if p.stem.isidentifier())
+
+
+def bundle_modules(version: dict) -> list[str]:
+    """The modules a registered bundle version holds (its .py files, as module names)."""
+    files = (version.get("info") or {}).get("files", [])
+    return sorted(f[:-3].replace("/", ".") for f in files if f.endswith(".py") and not f.endswith("__init__.py"))
+
+
+def check_bundle_module(version: dict, module: str, function: str = "compute_score") -> None:
+    """RegistryError, naming the modules it has, when the registered bundle version holds no such module."""
+    modules = bundle_modules(version)
+    if module in modules:
+        return
+    graders = (version.get("info") or {}).get("modules") or modules
+    example = f"bundle:{version['name']}#{graders[0]}:{function}" if graders else None
+    raise RegistryError(f"bundle {version['ref']} has no module {module!r}; its modules are "
+                        f"{', '.join(modules) or 'none'}" + (f" (e.g. {example})" if example else "")
+                        + f". Name one of them, or register a folder that has {module}.py: "
+                        f"strop registry bundles register {version['name']} -f DIR")
 
 
 def list_bundles() -> list[dict]:

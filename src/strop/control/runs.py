@@ -13,6 +13,7 @@ that dies without saying so is noticed the next time anyone reads the run: it is
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -24,6 +25,8 @@ from strop.control import base_models, processes, projects, registry
 from strop.control.descriptor import RunDescriptor, load_descriptor
 from strop.errors import StropError
 from strop.paths import runs_dir
+from strop.rl.config import plan_steps
+from strop.scoring import confine
 from strop.store import open_store, session_scope
 from strop.store.schema import FINISHED_STATUSES, Evaluation, Project, Run, RunStep, utcnow
 
@@ -85,7 +88,22 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
                 entry.update(bundle=version["ref"], sha256=version["sha256"])
             except StropError as exc:
                 problems.append(f"$.config.reward.terms[{i}].bundle: {exc}")
+            else:
+                try:
+                    registry.check_bundle_module(version, term.module, term.function)
+                except StropError as exc:
+                    problems.append(f"$.config.reward.terms[{i}].module: {exc}")
         pinned["terms"].append(entry)
+    if any(not term.is_builtin for term in terms):
+        try:
+            confine.detect().require()  # refused here, with the reason, not in the background worker
+        except StropError as exc:
+            problems.append(f"$.config.reward.terms: {exc}")
+    if "dataset" in pinned and pinned["dataset"].get("rows"):
+        hp = descriptor.config.rl_hyperparams
+        steps, passes = plan_steps(pinned["dataset"]["rows"], hp.batch_size, hp.max_steps, hp.epochs)
+        pinned["plan"] = {"rows": pinned["dataset"]["rows"], "batchSize": hp.batch_size, "steps": steps,
+                          "passes": passes}
     if not problems and "dataset" in pinned:  # an environment's run is checked by the loop, from its tool prompts
         problems += memory_problems(descriptor, pinned)
     if problems:
@@ -191,8 +209,12 @@ def _as_dict(run: Run, project: str, evaluations: list[str] | None = None) -> di
     seconds = None
     if run.started_at:
         seconds = round(((run.finished_at or utcnow()) - run.started_at).total_seconds(), 1)
+    plan = (run.pinned or {}).get("plan") or {}
+    per_pass = math.ceil(plan["rows"] / plan["batchSize"]) if plan else None
     return {"runId": run.id, "project": project, "configName": run.config_name, "status": run.status,
             "step": run.current_step, "maxSteps": run.descriptor["config"]["rlHyperparams"].get("maxSteps"),
+            "steps": plan.get("steps"), "passes": plan.get("passes"),
+            "passesMade": math.ceil((run.current_step or 0) / per_pass) if per_pass else None,
             "baseModel": run.base_model, "modelId": run.model_id, "pinned": run.pinned,
             "workerPid": run.worker_pid if run.status in ("pending", "running") else None,
             "workerHost": run.worker_host if run.status in ("pending", "running") else None,

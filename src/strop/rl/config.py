@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+import math
 from pathlib import Path
 
 from strop.errors import StropError
@@ -37,8 +38,9 @@ class GRPOConfig:
                                      'the environment', None)
     group_size: int = _help("completions sampled per prompt; GRPO compares them with each other", 8)
     batch_size: int = _help("prompts per step", 8)
-    epochs: int = _help("passes over the dataset", 1)
-    max_steps: int | None = _help("stop after this many steps even if epochs remain (None: no limit)", None)
+    epochs: int = _help("passes over the dataset when max_steps is None", 1)
+    max_steps: int | None = _help("the number of steps: the rows are reshuffled each pass until it is reached, "
+                                  "epochs notwithstanding (None: `epochs` passes)", None)
     learning_rate: float = _help("AdamW learning rate for the LoRA weights", 1e-4)
     weight_decay: float = _help("AdamW weight decay", 0.0)
     grad_clip_norm: float = _help("clip the gradient to this global norm (0: no clipping)", 1.0)
@@ -56,11 +58,13 @@ class GRPOConfig:
     system_prompt: str | None = _help("system message before each question (None: none)", None)
     question_suffix: str = _help("text appended to each question", "")
     renderer: str | None = _help("renderer name (None: the model's recommended one)", None)
-    sandbox_graders: bool = _help("run bundle graders in worker subprocesses (time and memory limits, no secrets); "
-                                  "built-in graders always run in-process", True)
-    grader_timeout: float = _help("seconds a sandboxed grader call may take before it scores 0 and its worker is "
-                                  "replaced", 10.0)
-    grader_memory_mb: int = _help("address-space limit of a grader worker, in MiB", 2048)
+    sandbox_graders: bool = _help("run bundle graders confined by the operating system (strop.scoring.sandbox: "
+                                  "no network, read-only files, time and memory limits, no secrets); built-in "
+                                  "graders always run in-process", True)
+    grader_timeout: float = _help("seconds a sandboxed grader call may take before it scores 0 and its processes "
+                                  "are killed", 10.0)
+    grader_memory_mb: int = _help("memory limit of a grader's processes together where cgroups allow, and of each "
+                                  "process's address space in any case, in MiB", 2048)
     max_reward_error_fraction: float = _help("fail the run when more than this fraction of a step's grader calls "
                                              "fail (raise, hang, crash, non-number)", 0.5)
     eval_every: int | None = _help("call the run's evaluation hook every N steps (control-plane runs evaluate on their "
@@ -135,3 +139,17 @@ _FIELDS = frozenset(f.name for f in fields(GRPOConfig))
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def plan_steps(n_rows: int, batch_size: int, max_steps: int | None, epochs: int) -> tuple[int, int]:
+    """(steps, passes over the rows) a run makes. `max_steps` is the number of steps, the rows passed over as often
+    as that takes (HF Trainer's convention: max_steps overrides epochs); without it, `epochs` passes."""
+    per_pass = max(1, math.ceil(n_rows / batch_size))
+    if max_steps:
+        return max_steps, math.ceil(max_steps / per_pass)
+    return epochs * per_pass, epochs
+
+
+def count_steps(n_rows: int, config: GRPOConfig) -> tuple[int, int]:
+    """`plan_steps` for a config."""
+    return plan_steps(n_rows, config.batch_size, config.max_steps, config.epochs)

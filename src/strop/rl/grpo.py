@@ -30,7 +30,7 @@ from strop.data import Row, load_rows
 from strop.errors import StropError
 from strop.renderers import get_renderer, get_text_content
 from strop.rl import checkpoints
-from strop.rl.config import GRPOConfig
+from strop.rl.config import GRPOConfig, count_steps
 from strop.rl.losses import group_advantages, is_zero_variance
 from strop.rl.metrics import RunLog, read_jsonl
 from strop.models import resolve_model
@@ -93,15 +93,6 @@ def check_memory(renderer, rows: list[Row], config: GRPOConfig, model_dir, longe
                             what=f"GRPO on {config.base_model} ({config.batch_size} prompts x {config.group_size} "
                                  f"samples x <= {longest} + {config.max_completion_length} tokens)")
     return plan["tokensPerMicroBatch"]
-
-
-def count_steps(n_rows: int, config: GRPOConfig) -> tuple[int, int]:
-    """(steps, passes over the rows) a run makes. `max_steps` is the number of steps, the rows passed over as often
-    as that takes (HF Trainer's convention: max_steps overrides epochs); without it, `epochs` passes."""
-    per_pass = max(1, math.ceil(n_rows / config.batch_size))
-    if config.max_steps:
-        return config.max_steps, math.ceil(config.max_steps / per_pass)
-    return config.epochs * per_pass, config.epochs
 
 
 class StepBatches:

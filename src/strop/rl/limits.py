@@ -82,8 +82,8 @@ LIMITS: dict[str, Limit] = {
                         why_least="GRPO needs at least two samples of a prompt to compare"),
     "batch_size": Limit(1, 4096, True, "a step holds every completion (batchSize x groupSize) in memory until its "
                                        "update"),
-    "epochs": Limit(1, 1000, True, "the order of every epoch's rows is planned before the first step; use maxSteps "
-                                   "to stop earlier"),
+    "epochs": Limit(1, 1000, True, "more passes than that over one dataset is a mistake, not a plan; set maxSteps "
+                                   "for a run measured in steps"),
     "max_steps": Limit(1, MAX_STEPS, True, _STEPS_WHY, optional=True),
     "save_every": Limit(1, MAX_STEPS, True, _STEPS_WHY),
     "eval_every": Limit(1, MAX_STEPS, True, _STEPS_WHY, optional=True),

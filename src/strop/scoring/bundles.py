@@ -254,6 +254,8 @@ def check_bundle_folder(path: str | Path, function: str = DEFAULT_FUNCTION,
         with SandboxPool(workers=1, timeout=timeout_s, import_timeout=timeout_s) as pool:
             found = pool.grader_modules(root, function)
             modules = [name for name, defines in found.items() if defines]
+            if not modules and DEFAULT_MODULE in found:
+                modules = [DEFAULT_MODULE]  # the conventional grader module: importing it says what is wrong
             if not modules:
                 looked = ", ".join(f"{name}.py" for name in found) or "none: it has no .py file at its top level"
                 return [], (f"no module in {str(path)!r} defines {function} (the modules looked at: {looked}). "
