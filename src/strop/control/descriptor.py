@@ -162,11 +162,14 @@ class RewardTermSpec(_Strict):
 
     @property
     def default_name(self) -> str:
-        """`name`, else the bundle's last path segment without its version ("gsm8k/scoring@3" -> "scoring")."""
+        """`name`, else the module when it is not the default `reward` (a bundle of several graders: "format",
+        "correctness"), else the bundle's last path segment without its version ("gsm8k/scoring@3" -> "scoring")."""
         if self.name:
             return self.name
         if self.is_builtin:
             return self.bundle[len(BUILTIN_PREFIX):]
+        if self.module != "reward":
+            return self.module
         return self.bundle.partition("@")[0].rsplit("/", 1)[-1]
 
     def grader_ref(self, bundle_dir: str | Path | None = None) -> str:
