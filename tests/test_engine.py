@@ -238,6 +238,19 @@ def test_json_schema_holds_a_random_model_to_valid_json(training):
         assert seq.stop_reason == "stop" and len(seq.logprobs) == len(seq.tokens)
 
 
+def test_compiled_schemas_are_kept_in_a_bounded_cache(training):
+    from strop.engine import sampler as engine_sampler
+    sampler = training.save_weights_and_get_sampling_client()
+    tok = training.get_tokenizer()
+    for i in range(engine_sampler.GRAMMAR_CACHE_SIZE + 5):  # a server sees schemas from every client
+        schema = {"type": "object", "properties": {f"field{i}": {"type": "integer"}}, "required": [f"field{i}"]}
+        params = types.SamplingParams(max_tokens=12, seed=i, json_schema=schema)
+        sampler.sample(prompt=prompt_of(tok), num_samples=1, sampling_params=params).result()
+    cache = sampler._queue.engine._grammars
+    assert len(cache) == engine_sampler.GRAMMAR_CACHE_SIZE
+    assert any("field36" in key for key in cache) and not any('"field0"' in key for key in cache)  # oldest out
+
+
 def test_a_schema_that_is_not_one_is_refused(training):
     with pytest.raises(StropError, match="json_schema"):
         types.SamplingParams(json_schema=["not", "a", "schema"])

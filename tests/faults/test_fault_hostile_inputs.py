@@ -427,3 +427,15 @@ def test_names_are_checked_wherever_they_are_accepted(home, tmp_path, capsys):  
         assert code == 1 and expected in err and len(err) < 600, err
     assert json.loads(run(capsys, "projects", "list", "-o", "json")[1]) == []
     assert json.loads(run(capsys, "registry", "bundles", "list", "-o", "json")[1]) == []
+
+
+def test_model_ids_and_endpoints_with_hidden_characters_are_refused():
+    from strop.errors import StropError
+    from strop.evals.openai_client import parse_openai_ref
+    from strop.models import resolve_model
+    for model in ("HuggingFaceTB/SmolLM2\u202e-135M", "strop/tiny\x1b[31m-random", "a" * 5000):
+        with pytest.raises(StropError, match="not allowed|characters"):
+            resolve_model(model, download=False)
+    with pytest.raises(StropError, match="U\\+202E") as err:
+        parse_openai_ref("openai:gpt\u202e-4@http://127.0.0.1:9/v1")
+    assert "\u202e" not in str(err.value)  # shown escaped

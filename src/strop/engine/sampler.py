@@ -37,6 +37,8 @@ from strop.types import SampledSequence, SampleResponse, SamplingParams
 keep_freed_memory()
 
 DEFAULT_MAX_TOKENS = 256
+GRAMMAR_CACHE_SIZE = 32  # compiled JSON-schema grammars kept, least recently used dropped first
+GRAMMAR_CACHE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -201,13 +203,18 @@ class SamplerEngine:
         if self._grammar_compiler is None:
             info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.model.config.vocab_size,
                                                            stop_token_ids=sorted(self.eos_ids) or None)
-            self._grammar_compiler = xgrammar.GrammarCompiler(info)
-        if schema not in self._grammars:
+            # xgrammar's own cache is bounded too: a server sees schemas from every client
+            self._grammar_compiler = xgrammar.GrammarCompiler(info, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
+        grammar = self._grammars.pop(schema, None)
+        if grammar is None:
             try:
-                self._grammars[schema] = self._grammar_compiler.compile_json_schema(schema, any_whitespace=False)
+                grammar = self._grammar_compiler.compile_json_schema(schema, any_whitespace=False)
             except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its parser's message
                 raise ValueError(f"json_schema cannot be compiled to a grammar: {exc}") from None
-        return xgrammar.GrammarMatcher(self._grammars[schema])
+        self._grammars[schema] = grammar  # most recently used last
+        while len(self._grammars) > GRAMMAR_CACHE_SIZE:
+            del self._grammars[next(iter(self._grammars))]
+        return xgrammar.GrammarMatcher(grammar)
 
     def _split_stops(self, stop) -> tuple[frozenset[int], tuple[str, ...]]:
         ids, strings = set(self.eos_ids), []

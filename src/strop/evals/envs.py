@@ -64,7 +64,7 @@ def _local_episodes(model, env_name, options, tasks, *, adapter, max_tokens, max
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
     pool = EnvPool({"name": env_name, "options": options}, len(tasks))
     try:
-        groups = run_episodes(sampler, renderer, pool.envs, tasks, group_size=1, max_tokens=max_tokens,
+        groups = run_episodes(sampler, renderer, pool.fill().envs, tasks, group_size=1, max_tokens=max_tokens,
                               temperature=0.0, max_turns=max_turns)
     finally:
         pool.close()
@@ -90,7 +90,8 @@ def _endpoint_episodes(model, env_name, options, tasks, *, max_tokens, max_turns
 
 
 def _endpoint_episode(client, model_name, env, task, max_tokens, max_turns) -> dict:
-    messages = [{"role": "user", "content": env.reset(task).content}]
+    from strop.rl.multiturn import cap_observation  # an endpoint model reads what a local one reads: at most this
+    messages = [{"role": "user", "content": cap_observation(env.reset(task).content)}]
     reward, info, turns, error = 0.0, {}, 0, None
     for turns in range(1, max_turns + 1):
         try:
@@ -113,7 +114,7 @@ def _endpoint_episode(client, model_name, env, task, max_tokens, max_turns) -> d
                 arguments, content = None, f"arguments are not valid JSON: {exc.msg}"
             if arguments is not None:
                 result = env.step(ToolCall(call.function.name, arguments if isinstance(arguments, dict) else {}, call.id))
-                content, done = result.observation.content, result.done
+                content, done = cap_observation(result.observation.content), result.done
                 if done:
                     reward, info = float(result.reward), dict(result.info)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})

@@ -29,10 +29,15 @@ def parse_openai_ref(ref: str) -> OpenAIRef:
     """NAME and base URL of `openai:NAME@URL`; a URL that no client could reach is refused here, not per request."""
     from urllib.parse import urlsplit
 
+    from strop.names import label_problem, shown
+
     def refuse(problem: str) -> StropError:
-        return StropError(f"model {ref!r}: {problem}; an endpoint is written openai:NAME@URL, e.g. "
+        return StropError(f"model {shown(ref)}: {problem}; an endpoint is written openai:NAME@URL, e.g. "
                           "openai:llama3.3-70b@http://127.0.0.1:8000/v1")
 
+    problem = label_problem(ref, max_chars=2048)  # stored with the evaluation and printed in its tables
+    if problem:
+        raise refuse(problem)
     body = ref[len("openai:"):] if ref.startswith("openai:") else ""
     name, at, url = body.partition("@")
     if not name or not at or not url:

@@ -58,6 +58,10 @@ def resolve_model(model_id: str, *, download: bool = True) -> Path:
             f"Model id {model_id!r} is empty; pass a Hub id such as {DEFAULT_MODEL!r} or a local model folder."
         )
     model_id = model_id.strip()
+    from strop.names import label_problem, shown
+    problem = label_problem(model_id, max_chars=4096)  # ids are printed and stored: nothing may hide in one
+    if problem:
+        raise ModelNotFoundError(f"model id {shown(model_id)} is not allowed: {problem}")
     tried: list[tuple[str, str]] = []
 
     local = Path(model_id).expanduser()

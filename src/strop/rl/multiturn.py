@@ -179,12 +179,19 @@ def call_tool_safely(env, call: ToolCall):
 
 
 class EnvPool:
-    """One environment per episode of a step (batch x group), made once and reset for every episode."""
+    """One environment per episode of a step (batch x group), made once and reset for every episode. Only the
+    first is made at once (its tools and tasks size the run); `fill()` makes the rest once the run is admitted."""
 
     def __init__(self, spec: dict, size: int):
         from strop.envs import get_env
-        self.name, self.options = spec["name"], dict(spec.get("options") or {})
-        self.envs = [get_env(self.name, **self.options) for _ in range(size)]
+        self.name, self.options, self.size = spec["name"], dict(spec.get("options") or {}), size
+        self._make = lambda: get_env(self.name, **self.options)
+        self.envs = [self._make()]
+
+    def fill(self) -> "EnvPool":
+        while len(self.envs) < self.size:
+            self.envs.append(self._make())
+        return self
 
     def tasks(self, split: str, limit: int | None = None) -> list[Task]:
         return self.envs[0].tasks(split, limit)
@@ -217,7 +224,7 @@ def train_env_step(step: int, tasks: list[Task], config, training, renderer, poo
     from strop.rl.losses import group_advantages, is_zero_variance
     t0 = time.perf_counter()
     sampler = training.save_weights_and_get_sampling_client()
-    groups = run_episodes(sampler, renderer, pool.envs, tasks, group_size=config.group_size,
+    groups = run_episodes(sampler, renderer, pool.fill().envs, tasks, group_size=config.group_size,
                           max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
                           seed=config.seed * 1_009 + step, system_prompt=config.system_prompt)
     sample_seconds = time.perf_counter() - t0
