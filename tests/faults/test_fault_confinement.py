@@ -430,3 +430,96 @@ def test_a_private_bundle_folder_still_grades(tmp_path):
     bundle.chmod(0o700)
     with SandboxPool(timeout=10.0) as pool:
         assert pool.grader(str(bundle))(solution_str="x") == 0.75
+
+
+UNPRIVILEGED = '''
+import json, os, socket, subprocess, sys, tempfile
+from strop.scoring import confine
+from strop.scoring.sandbox import SandboxPool
+folder = sys.argv[1]
+bundle = tempfile.mkdtemp(dir=folder)
+with open(os.path.join(bundle, "reward.py"), "w") as handle:
+    handle.write(sys.argv[2])
+victim = subprocess.Popen(["sleep", "60"], env={"MY_SECRET": "hunter2-unprivileged"})
+server = socket.create_server(("127.0.0.1", 0))
+target = os.path.join(folder, "victim.txt")
+with open(target, "w") as handle:
+    handle.write("untouched")
+try:
+    with SandboxPool(timeout=20.0, processes=16) as pool:
+        hits = pool.grader(bundle)(extra_info={"file": target, "port": server.getsockname()[1]})
+finally:
+    victim.kill()
+print(json.dumps({"uid": os.getuid(), "confined": confine.detect().confined, "run_as": confine.detect().run_as,
+                  "hits": hits, "file": open(target).read()}))
+'''
+UNPRIVILEGED_GRADER = '''
+import os, socket, time
+
+def compute_score(extra_info=None, **kw):
+    """hits: another process's environment read, the host reached (each 1000); plus the processes it started."""
+    hits = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as handle:
+                    hits += 1000 * (b"hunter2-unprivileged" in handle.read())
+            except OSError:
+                pass
+    try:  # at most its own private copy of the folder is there to write: the host's file must stay as it was
+        with open(extra_info["file"], "a") as handle:
+            handle.write("tampered")
+    except OSError:
+        pass
+    try:
+        socket.create_connection(("127.0.0.1", extra_info["port"]), timeout=1).close()
+        hits += 1000
+    except OSError:
+        pass
+    for _ in range(100):
+        try:
+            if os.fork() == 0:
+                time.sleep(3)
+                os._exit(0)
+        except OSError:
+            break
+        hits += 1
+    return float(hits)
+'''
+
+
+def _python_for_others() -> str | None:
+    """A Python of this version that another user can run (a venv under /root is not), with this site-packages."""
+    candidate = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    site = Path(__import__("strop").__file__).resolve().parents[1]
+    return str(candidate) if candidate.is_file() and os.stat(site).st_mode & 0o005 == 0o005 else None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or _python_for_others() is None or not Path("/usr/bin/setpriv").exists(),
+                    reason="needs root (to become another user), setpriv and a Python that user can run")
+def test_an_unprivileged_user_gets_the_same_confinement_through_a_user_namespace():
+    """As uid 65534, bubblewrap makes a user namespace (not root's mode): environment, files, network closed;
+    the process count held by the namespace's own limit (no cgroups for such a user)."""
+    import shutil
+    import site as site_module
+    import tempfile
+    folder = Path(tempfile.mkdtemp(prefix="strop-unprivileged-"))  # pytest's own folders are closed to others
+    folder.chmod(0o777)
+    try:
+        _as_another_user(folder, site_module)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _as_another_user(folder: Path, site_module) -> None:
+    paths = [str(Path(__import__("strop").__file__).resolve().parents[1]), *site_module.getsitepackages()]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(folder), "STROP_HOME": str(folder / "home"),
+           "PYTHONPATH": os.pathsep.join(paths)}
+    done = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", _python_for_others(),
+                           "-c", UNPRIVILEGED, str(folder), textwrap.dedent(UNPRIVILEGED_GRADER)],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=str(folder))
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["uid"] == 65534 and seen["confined"] and seen["run_as"] == -1
+    assert seen["hits"] < 16  # no environ, no write, no connection; fewer than 16 processes
+    assert seen["file"] == "untouched"
