@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from strop.rl import losses
+from strop.engine import losses
+from strop.rl import advantages
 
 
 def leaf(values):
@@ -13,21 +14,21 @@ def leaf(values):
 
 
 def test_group_advantages_centre_without_scaling():
-    adv = losses.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    adv = advantages.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]))
     assert adv.tolist() == [0.5, -0.5, -0.5, 0.5]  # mean 0.5
 
 
 def test_group_advantages_scaled_by_population_std():
-    adv = losses.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), scale_by_std=True, eps=0.0)
+    adv = advantages.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), scale_by_std=True, eps=0.0)
     assert adv.tolist() == [1.0, -1.0, -1.0, 1.0]  # std of {1,0,0,1} is 0.5
-    adv = losses.group_advantages(torch.tensor([3.0, 1.0]), scale_by_std=True, eps=0.0)
+    adv = advantages.group_advantages(torch.tensor([3.0, 1.0]), scale_by_std=True, eps=0.0)
     assert adv.tolist() == [1.0, -1.0]  # mean 2, std 1
 
 
 def test_zero_variance_groups():
-    assert losses.is_zero_variance(torch.tensor([0.1, 0.1, 0.1]))
-    assert not losses.is_zero_variance(torch.tensor([0.1, 1.1, 0.1]))
-    assert losses.group_advantages(torch.tensor([0.7, 0.7])).tolist() == [0.0, 0.0]
+    assert advantages.is_zero_variance(torch.tensor([0.1, 0.1, 0.1]))
+    assert not advantages.is_zero_variance(torch.tensor([0.1, 1.1, 0.1]))
+    assert advantages.group_advantages(torch.tensor([0.7, 0.7])).tolist() == [0.0, 0.0]
 
 
 def test_cross_entropy_value_and_gradient():
@@ -88,7 +89,7 @@ def test_kl_estimates():
     old = torch.tensor([-1.0, -2.0])
     lp = torch.tensor([-1.5, -1.0])
     assert losses.kl_sample_train(old, lp).item() == pytest.approx(((-1 + 1.5) + (-2 + 1)) / 2)
-    assert losses.kl_penalty(lp, torch.tensor([-1.0, -1.0])).tolist() == [-0.5, 0.0]
+    assert advantages.kl_penalty(lp, torch.tensor([-1.0, -1.0])).tolist() == [-0.5, 0.0]
 
 
 @pytest.mark.parametrize("keep", [False, True], ids=["recomputed", "kept"])
@@ -135,3 +136,31 @@ def test_the_head_keeps_softmax_within_its_budget_and_recomputes_past_it(monkeyp
         kept.clear()
         trainer._head_logprobs(head, hidden, targets)
     assert kept == [False] * 4
+
+
+def test_every_list_of_loss_names_is_the_engines_registry():
+    import typing
+
+    from strop import types
+    from strop.cli.main import build_parser
+    from strop.engine.trainer import REQUIRED_INPUTS
+    from strop.rl.config import LOSS_FNS
+    assert typing.get_args(types.LossFnType) == tuple(losses.LOSSES)
+    assert {k: v for k, v in REQUIRED_INPUTS.items()} == {k: v.inputs for k, v in losses.LOSSES.items()}
+    assert LOSS_FNS == losses.POLICY_LOSSES == ("importance_sampling", "ppo", "cispo")
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    [loss_flag] = [a for a in train._actions if "--loss" in a.option_strings]
+    assert tuple(loss_flag.choices) == losses.POLICY_LOSSES
+
+
+def test_sequence_loss_dispatches_by_name():
+    lp = leaf([-1.0, -2.0])
+    inputs = {"logprobs": torch.tensor([-1.0, -1.0], dtype=torch.float64),
+              "advantages": torch.tensor([1.0, 1.0], dtype=torch.float64),
+              "weights": torch.tensor([1.0, 1.0], dtype=torch.float64)}
+    for name in losses.LOSSES:
+        loss, clipped = losses.sequence_loss(name, lp, inputs)
+        assert (clipped is not None) == (name == "ppo")
+    assert losses.sequence_loss("cross_entropy", lp, inputs)[0].item() == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="unknown loss"):
+        losses.sequence_loss("dro", lp, inputs)

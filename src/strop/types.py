@@ -25,9 +25,10 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import torch
 
+from strop.engine.losses import LOSSES
 from strop.errors import StropError
 
-LossFnType = Literal["cross_entropy", "importance_sampling", "ppo", "cispo"]
+LossFnType = Literal[tuple(LOSSES)]  # the engine's losses by name (strop.engine.losses)
 StopReason = Literal["stop", "length"]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from strop.cli.output import add_output_flags, emit, format_table, note
 from strop.errors import StropError
 from strop.rl.limits import LIMITS
+from strop.engine.losses import POLICY_LOSSES
 
 
 def register(nouns) -> None:
@@ -49,7 +50,7 @@ def register(nouns) -> None:
     p.add_argument("--rank", type=int, default=32, help="LoRA rank (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
     p.add_argument("--kl-beta", type=float, default=0.0, help="KL penalty to the base model (default: %(default)s)")
-    p.add_argument("--loss", default="importance_sampling", choices=("importance_sampling", "ppo", "cispo"),
+    p.add_argument("--loss", default="importance_sampling", choices=POLICY_LOSSES,
                    help="policy loss (default: %(default)s)")
     p.add_argument("--scale-by-std", action="store_true", help="divide advantages by the group's reward std")
     p.add_argument("--system-prompt", help="system message before each question")

@@ -35,7 +35,7 @@ from strop.engine import lora_linear
 from strop.engine.resources import HEAD_CHUNK, HEAD_KEEP_BYTES, MAX_TOKENS_PER_MICRO_BATCH
 from strop.engine.sampler import AdapterWeights, cache_keyword
 from strop.errors import StropError
-from strop.rl import losses
+from strop.engine.losses import LOSSES, sequence_loss
 from strop.engine.malloc import keep_freed_memory
 from strop.types import AdamParams, Datum, ForwardBackwardOutput, TensorData
 
@@ -44,12 +44,7 @@ keep_freed_memory()
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PEFT_PREFIX = "base_model.model."
 
-REQUIRED_INPUTS = {
-    "cross_entropy": ("target_tokens", "weights"),
-    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
-    "ppo": ("target_tokens", "logprobs", "advantages"),
-    "cispo": ("target_tokens", "logprobs", "advantages"),
-}
+REQUIRED_INPUTS = {name: loss.inputs for name, loss in LOSSES.items()}
 
 
 
@@ -340,18 +335,11 @@ class LoraTrainer:
         for b, d in enumerate(datums):
             n = d.model_input.length
             lp_T, active_T, row = lp_B_T[b, :n], active[b, :n], inputs[b]
-            if loss_fn == "cross_entropy":
-                loss = losses.cross_entropy_loss(lp_T, row["weights"])
-            else:
-                old_T, adv_T = row["logprobs"], row["advantages"]
-                if loss_fn == "importance_sampling":
-                    loss = losses.importance_sampling_loss(lp_T, old_T, adv_T)
-                elif loss_fn == "ppo":
-                    loss, clipped_T = losses.ppo_loss(lp_T, old_T, adv_T, low, high)
-                    stats["clipped:sum"] += float(clipped_T[active_T].sum())
-                else:
-                    loss = losses.cispo_loss(lp_T, old_T, adv_T, low, high)
-                stats["kl_sample_train:sum"] += float((old_T - lp_T.detach())[active_T].sum())
+            loss, clipped_T = sequence_loss(loss_fn, lp_T, row, low, high)
+            if clipped_T is not None:
+                stats["clipped:sum"] += float(clipped_T[active_T].sum())
+            if LOSSES[loss_fn].policy:
+                stats["kl_sample_train:sum"] += float((row["logprobs"] - lp_T.detach())[active_T].sum())
             total = total + loss
             stats["tokens:sum"] += float(active_T.sum())
             stats["entropy:sum"] += float(entropy_B_T[b, :n][active_T].sum())

@@ -1,4 +1,4 @@
-"""Reinforcement learning: pure advantage/loss functions (`strop.rl.losses`), the GRPO loop
+"""Reinforcement learning: pure advantage functions (`strop.rl.advantages`; the losses are the engine's), the GRPO loop
 (`strop.rl.grpo`), run files (`metrics`, `checkpoints`).
 
     from strop.rl import GRPOConfig, run_grpo
@@ -6,7 +6,7 @@
 
 
 def __getattr__(name):
-    # the loop pulls in models and data; importing strop.rl.losses alone must stay light
+    # the loop pulls in models and data; importing strop.rl.advantages alone must stay light
     if name in ("GRPOConfig",):
         from strop.rl.config import GRPOConfig
         return GRPOConfig

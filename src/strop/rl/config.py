@@ -14,9 +14,10 @@ import math
 from pathlib import Path
 
 from strop.errors import StropError
+from strop.engine.losses import POLICY_LOSSES
 from strop.rl.limits import LIMITS
 
-LOSS_FNS = ("importance_sampling", "ppo", "cispo")
+LOSS_FNS = POLICY_LOSSES  # the engine's policy-gradient losses (strop.engine.losses)
 
 
 def _help(text: str, default=None, factory=None):

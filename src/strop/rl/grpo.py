@@ -31,7 +31,7 @@ from strop.errors import StropError
 from strop.renderers import get_renderer, get_text_content
 from strop.rl import checkpoints
 from strop.rl.config import GRPOConfig, count_steps
-from strop.rl.losses import group_advantages, is_zero_variance
+from strop.rl.advantages import group_advantages, is_zero_variance
 from strop.rl.metrics import RunLog, read_jsonl
 from strop.models import resolve_model
 from strop.scoring import score_terms, terms_from_spec

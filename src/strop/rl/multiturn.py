@@ -221,7 +221,7 @@ def train_env_step(step: int, tasks: list[Task], config, training, renderer, poo
 
     from strop.envs.rubrics import rubric_metrics
     from strop.rl.grpo import apply_update, update_metrics
-    from strop.rl.losses import group_advantages, is_zero_variance
+    from strop.rl.advantages import group_advantages, is_zero_variance
     t0 = time.perf_counter()
     sampler = training.save_weights_and_get_sampling_client()
     groups = run_episodes(sampler, renderer, pool.fill().envs, tasks, group_size=config.group_size,
