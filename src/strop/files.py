@@ -13,9 +13,12 @@ descriptor (opened non-blocking, so even a file swapped for a FIFO in between ca
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
-from typing import BinaryIO
+import tarfile
+from pathlib import Path
+from typing import BinaryIO, Iterator
 
 from strop.errors import StropError
 
@@ -67,4 +70,91 @@ def open_regular(path: str | os.PathLike, *, follow_symlinks: bool = True, what:
         raise
 
 
-__all__ = ["FileKindError", "kind_of", "check_regular", "open_regular"]
+# ---- a folder as a deterministic tar, and its sha256 ------------------------------------------------------
+
+SKIPPED_DIRS = frozenset({"__pycache__"})
+SKIPPED_SUFFIXES = (".pyc", ".pyo")
+
+
+class FolderError(StropError):
+    """A folder that cannot be snapshotted: it holds a link or a special file, or something in it is unreadable."""
+
+
+def folder_entries(root: Path) -> Iterator[tuple[str, Path]]:
+    """(posix relative path, full path) of every entry below root, sorted so the tar is deterministic;
+    `__pycache__` folders and `.pyc` files left out (importing a bundle to check it writes them)."""
+    def unreadable(error: OSError):
+        raise FolderError(f"cannot read {error.filename!r} in {str(root)!r}: {error.strerror}; make the folder "
+                          f"readable") from None
+    for current, dirs, files in os.walk(root, onerror=unreadable):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
+        base = Path(current)
+        names = sorted([*dirs, *(f for f in files if not f.endswith(SKIPPED_SUFFIXES))])
+        for name in names:
+            full = base / name
+            yield full.relative_to(root).as_posix(), full
+
+
+def write_folder_tar(root: Path, out) -> None:
+    """The folder as a tar with sorted entries and normalised times, owners and permissions (only "executable or
+    not" kept), so the same files give the same bytes on any machine. `out` needs write and tell."""
+    # PAX: long and non-ASCII names are stored exactly, and with the fields in _tar_info it adds nothing variable.
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for relative, full in folder_entries(Path(root)):
+            info = _tar_info(relative, full)
+            if info.isfile():
+                try:
+                    src = open_regular(full, follow_symlinks=False)
+                except FileKindError as exc:
+                    raise FolderError(f"cannot store {str(full)!r}: it is {exc.kind}, not a regular file, and "
+                                      f"reading it could block or never end. Move it out of the folder.") from None
+                with src:
+                    tar.addfile(info, src)
+            else:
+                tar.addfile(info)
+
+
+def folder_sha256(root: Path) -> str:
+    """The sha256 of `write_folder_tar`'s bytes, computed without writing them anywhere."""
+    hashing = _Hashing()
+    write_folder_tar(Path(root), hashing)
+    return hashing.hasher.hexdigest()
+
+
+class _Hashing:
+    """A write-only sink that keeps only the sha256 of what tarfile writes to it."""
+
+    def __init__(self) -> None:
+        self.hasher, self.size = hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.hasher.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
+
+
+def _tar_info(relative: str, full: Path) -> tarfile.TarInfo:
+    mode = full.lstat().st_mode
+    info = tarfile.TarInfo(relative)
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if stat.S_ISDIR(mode):
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+    elif stat.S_ISREG(mode):
+        info.type, info.size = tarfile.REGTYPE, full.stat().st_size
+        info.mode = 0o755 if mode & 0o111 else 0o644
+    elif stat.S_ISLNK(mode):
+        raise FolderError(f"cannot store {str(full)!r}: it is a symbolic link. Replace it with a copy of the file "
+                          f"it stands for, or move it out of the folder.")
+    else:
+        raise FolderError(f"cannot store {str(full)!r}: it is {kind_of(mode)}, not a regular file, and reading it "
+                          f"could block or never end. Move it out of the folder.")
+    return info
+
+
+__all__ = ["FileKindError", "kind_of", "check_regular", "open_regular", "FolderError", "folder_entries",
+           "write_folder_tar", "folder_sha256", "SKIPPED_DIRS", "SKIPPED_SUFFIXES"]

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from strop.errors import StropError
+from strop.files import folder_sha256
 from strop.scoring import confine
 
 # What a grader process may see of the parent's environment; everything else (keys, tokens) stays out.
@@ -284,8 +285,7 @@ class SandboxPool:
         with self._lock:
             bundle = self._bundles.get(root)
         if bundle is None:
-            from strop.store.artifacts import dir_sha256
-            sha = dir_sha256(root)  # pinned now: a worker imports only this content
+            sha = folder_sha256(root)  # pinned now: a worker imports only this content
             bundle = _Bundle(root, sha, self._readable_copy(root, sha))
             with self._lock:
                 bundle = self._bundles.setdefault(root, bundle)
@@ -345,7 +345,6 @@ class SandboxPool:
         sha256 before every import)."""
         if self.confinement.run_as < 0 or _readable_by_others(root):
             return root
-        from strop.store.artifacts import dir_sha256
         snapshot = self.log_dir / "bundles" / sha[:16]
         if not snapshot.exists():
             shutil.copytree(root, snapshot, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -353,7 +352,7 @@ class SandboxPool:
                 os.chmod(folder, 0o755)
                 for name in files:
                     os.chmod(os.path.join(folder, name), 0o644)
-        if dir_sha256(snapshot) != sha:
+        if folder_sha256(snapshot) != sha:
             raise SandboxError(f"the bundle {root} changed while it was being copied; try again", "error")
         return snapshot
 

@@ -22,7 +22,6 @@ in it (setsid children included); outside a sandbox it kills the child's process
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import resource
@@ -39,15 +38,9 @@ REAP_SECONDS = 5.0
 
 
 def _digest(folder: str) -> str:
-    """The bundle folder's sha256 as the registry computes it. strop.store.artifacts is loaded by file, because
-    importing the strop.store package would load the database layer, which a grader worker has no use for."""
-    path = Path(__file__).resolve().parents[1] / "store" / "artifacts.py"
-    if "strop_sandbox_artifacts" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("strop_sandbox_artifacts", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["strop_sandbox_artifacts"].dir_sha256(folder)
+    """The bundle folder's sha256 as the registry computes it (strop.files, which the store uses too)."""
+    from strop.files import folder_sha256
+    return folder_sha256(Path(folder))
 
 
 class Worker:

@@ -33,7 +33,6 @@ import hashlib
 import os
 import re
 import shutil
-import stat
 import tarfile
 import tempfile
 import time
@@ -41,12 +40,10 @@ from pathlib import Path
 from typing import Iterator
 
 from strop.errors import StropError
-from strop.files import FileKindError, kind_of, open_regular
+from strop.files import FileKindError, FolderError, folder_sha256, open_regular, write_folder_tar
 from strop.paths import strop_home
 
 CHUNK = 1 << 20
-SKIPPED_DIRS = frozenset({"__pycache__"})
-SKIPPED_SUFFIXES = (".pyc", ".pyo")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -85,9 +82,11 @@ def put_dir(path: str | os.PathLike) -> str:
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ArtifactError(f"cannot store {str(root)!r} as a directory: it is not one. Pass a folder's path.")
-    entries = list(_walk(root))
-    with _staged() as staging:
-        _write_tar(entries, staging)
+    try:
+        with _staged() as staging:
+            write_folder_tar(root, staging)
+    except FolderError as exc:
+        raise ArtifactError(str(exc)) from None
     return _commit(staging)
 
 
@@ -97,9 +96,10 @@ def dir_sha256(path: str | os.PathLike) -> str:
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ArtifactError(f"cannot hash {str(root)!r} as a directory: it is not one. Pass a folder's path.")
-    hashing = _Hashing()
-    _write_tar(list(_walk(root)), hashing)
-    return hashing.hasher.hexdigest()
+    try:
+        return folder_sha256(root)
+    except FolderError as exc:
+        raise ArtifactError(str(exc)) from None
 
 
 def exists(sha256: str) -> bool:
@@ -183,33 +183,6 @@ def _hash_file(path: Path) -> str:
     return hasher.hexdigest()
 
 
-def _write_tar(entries: list[tuple[str, Path]], out) -> None:
-    # PAX: long and non-ASCII names are stored exactly, and with the fields in _tar_info it adds nothing variable.
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for relative, full in entries:
-            info = _tar_info(relative, full)
-            if info.isfile():
-                with _open_file(full, follow_symlinks=False) as src:
-                    tar.addfile(info, src)
-            else:
-                tar.addfile(info)
-
-
-class _Hashing:
-    """A write-only sink that keeps only the sha256 of what tarfile writes to it."""
-
-    def __init__(self) -> None:
-        self.hasher, self.size = hashlib.sha256(), 0
-
-    def write(self, data: bytes) -> int:
-        self.hasher.update(data)
-        self.size += len(data)
-        return len(data)
-
-    def tell(self) -> int:
-        return self.size
-
-
 class _Staging:
     """A temporary file inside artifacts/ (same filesystem, so the final rename is atomic) that hashes what is
     written to it; tarfile can write to it directly (it needs only write and tell)."""
@@ -263,37 +236,6 @@ def _commit(staging: _Staging) -> str:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(staging.path)
-
-
-def _walk(root: Path) -> Iterator[tuple[str, Path]]:
-    """(posix relative path, full path) of every entry below root, sorted so the tar is deterministic."""
-    for current, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-        base = Path(current)
-        names = sorted([*dirs, *(f for f in files if not f.endswith(SKIPPED_SUFFIXES))])
-        for name in names:
-            full = base / name
-            yield full.relative_to(root).as_posix(), full
-
-
-def _tar_info(relative: str, full: Path) -> tarfile.TarInfo:
-    mode = full.lstat().st_mode
-    info = tarfile.TarInfo(relative)
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    if stat.S_ISDIR(mode):
-        info.type, info.mode = tarfile.DIRTYPE, 0o755
-    elif stat.S_ISREG(mode):
-        info.type, info.size = tarfile.REGTYPE, full.stat().st_size
-        info.mode = 0o755 if mode & 0o111 else 0o644
-    elif stat.S_ISLNK(mode):
-        raise ArtifactError(f"cannot store {str(full)!r}: it is a symbolic link. Replace it with a copy of the file "
-                            f"it stands for, or move it out of the folder.")
-    else:
-        raise ArtifactError(f"cannot store {str(full)!r}: it is {kind_of(mode)}, not a regular file, and reading it "
-                            f"could block or never end. Move it out of the folder.")
-    return info
 
 
 def _open_file(path: Path, *, follow_symlinks: bool):
