@@ -58,7 +58,8 @@ def _labels(text: str | None) -> tuple[str, str] | None:
 
 def _compare(args) -> int:
     from strop.control.reports import save_tables, write_report
-    from strop.evals.compare import compare_evaluations, comparison_table
+    from strop.control.evaluations import compare_evaluations
+    from strop.evals.compare import comparison_table
     comparison = compare_evaluations(args.eval_a, args.eval_b, labels=_labels(args.labels))
     result = {key: value for key, value in comparison.items() if key != "items"}
     errors = {comparison[side]["label"]: comparison[side].get("requestErrors") or 0 for side in ("a", "b")}
@@ -82,7 +83,7 @@ def _report(args) -> int:
         raise StropError("strop report needs --compare EVAL_A EVAL_B, --run RUN, or both")
     comparison = None
     if args.compare:
-        from strop.evals.compare import compare_evaluations
+        from strop.control.evaluations import compare_evaluations
         comparison = compare_evaluations(*args.compare, labels=_labels(args.labels))
     files = write_report(args.out, comparison=comparison, run_id=args.run)
     emit(args, files, lambda f: "\n".join(f"{k}: {v}" for k, v in f.items()))

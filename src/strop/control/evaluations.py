@@ -169,3 +169,24 @@ def report(evaluation_id: str, *, items: bool = False) -> dict:
                               "extracted": r.extracted, "score": r.score, "correct": r.correct, "tokens": r.tokens,
                               "latencySeconds": r.latency_s, "judge": r.judge} for r in rows]
     return info
+
+
+def compare_evaluations(eval_a: str, eval_b: str, *, labels: tuple[str, str] | None = None, seed: int = 0) -> dict:
+    """Compare two finished evaluations from the store (strop.evals.compare does the statistics)."""
+    from strop.evals.compare import ComparisonError, compare, default_label
+    reports = []
+    for evaluation_id in (eval_a, eval_b):
+        stored = report(evaluation_id, items=True)
+        if stored["status"] != "succeeded":
+            raise ComparisonError(f"evaluation {evaluation_id} is {stored['status']}; compare finished evaluations "
+                                  f"(`strop evaluations wait {evaluation_id}`)")
+        reports.append(stored)
+    sides = []
+    for i, stored in enumerate(reports):
+        sides.append({"label": labels[i] if labels else default_label(stored["model"]), "model": stored["model"],
+                      "evaluationId": stored["evaluationId"], "dataset": stored["dataset"],
+                      "requestErrors": stored["summary"].get("requestErrors", 0)})
+    if labels is None and sides[0]["label"] == sides[1]["label"]:
+        sides[0]["label"], sides[1]["label"] = f"A: {sides[0]['label']}", f"B: {sides[1]['label']}"
+    return compare(reports[0]["items"], reports[1]["items"], a=sides[0], b=sides[1],
+                   judge_a=reports[0]["summary"].get("judge"), judge_b=reports[1]["summary"].get("judge"), seed=seed)

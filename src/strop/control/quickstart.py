@@ -242,7 +242,8 @@ def run_quickstart(o: QuickstartOptions) -> dict:
 def _steps(o: QuickstartOptions, out: Path, manifest: _Manifest, train_rows, eval_rows) -> None:
     from strop.control import projects, registry, runs
     from strop.control.reports import save_tables, write_report
-    from strop.evals.compare import compare_evaluations, comparison_table
+    from strop.control.evaluations import compare_evaluations
+    from strop.evals.compare import comparison_table
     started = time.monotonic()
     name = manifest.data["quickstartId"]
     if not (out / "data").exists():
@@ -320,7 +321,8 @@ def cleanup(out: str | Path) -> dict:
         if status in ("pending", "running"):
             raise StropError(f"run {m['run']} is still {status}; `strop runs cancel {m['run']}` first, then clean up")
     if m.get("results"):
-        removed["tables"] = delete_comparison(m["results"]["comparisonId"], url=m["results"].get("resultsUrl"))
+        removed["tables"] = delete_comparison(m["results"]["comparisonId"],
+                                              url=m["results"].get("resultsUrl") or open_store())
     shas = set()
     with session_scope(open_store()) as s:
         ids = list((m.get("evaluations") or {}).values())

@@ -48,7 +48,8 @@ def save_tables(comparison: dict, *, url: str | None, mode: str) -> dict:
     for side in ("a", "b"):
         items = evaluations.report(comparison[side]["evaluationId"], items=True)["items"]
         verdicts[side] = [item.get("judge") for item in items]
-    return write_tables(comparison, url=url, mode=mode, verdicts=verdicts)
+    from strop.store import open_store
+    return write_tables(comparison, url=url or open_store(), mode=mode, verdicts=verdicts)
 
 
 def _path_of(result) -> Path:

@@ -1,6 +1,7 @@
 """Two evaluations of the same items, side by side: is B better than A, by how much, and is it real?
 
-    comparison = compare_evaluations("eval-1a2b", "eval-3c4d")          # A: the baseline, B: the candidate
+    comparison = compare(items_a, items_b, a=side_a, b=side_b)       # A: the baseline, B: the candidate
+    # two stored evaluations: strop.control.evaluations.compare_evaluations("eval-1a2b", "eval-3c4d")
     comparison["accuracy"]   # {"a": .30, "b": .44, "delta": .14, "ci95": [.02, .26]}
     comparison["mcnemar"]    # {"p": .031, "aOnly": 3, "bOnly": 10}
     print(comparison_table(comparison))                                 # seed 000's table, with the statistics
@@ -78,27 +79,6 @@ def _judge_part(items: list[dict], judge_a: dict | None, judge_b: dict | None) -
             "kappa": {"a": judge_a.get("kappa"), "b": judge_b.get("kappa")},
             "models": {"a": judge_a.get("model"), "b": judge_b.get("model")},
             "winTieLoss": {"bWins": wtl["win"], "ties": wtl["tie"], "aWins": wtl["loss"]}}
-
-
-def compare_evaluations(eval_a: str, eval_b: str, *, labels: tuple[str, str] | None = None, seed: int = 0) -> dict:
-    """Compare two finished evaluations from the store."""
-    from strop.control import evaluations
-    reports = []
-    for evaluation_id in (eval_a, eval_b):
-        report = evaluations.report(evaluation_id, items=True)
-        if report["status"] != "succeeded":
-            raise ComparisonError(f"evaluation {evaluation_id} is {report['status']}; compare finished evaluations "
-                                  f"(`strop evaluations wait {evaluation_id}`)")
-        reports.append(report)
-    sides = []
-    for i, report in enumerate(reports):
-        sides.append({"label": labels[i] if labels else default_label(report["model"]), "model": report["model"],
-                      "evaluationId": report["evaluationId"], "dataset": report["dataset"],
-                      "requestErrors": report["summary"].get("requestErrors", 0)})
-    if labels is None and sides[0]["label"] == sides[1]["label"]:
-        sides[0]["label"], sides[1]["label"] = f"A: {sides[0]['label']}", f"B: {sides[1]['label']}"
-    return compare(reports[0]["items"], reports[1]["items"], a=sides[0], b=sides[1],
-                   judge_a=reports[0]["summary"].get("judge"), judge_b=reports[1]["summary"].get("judge"), seed=seed)
 
 
 def comparison_table(c: dict) -> str:

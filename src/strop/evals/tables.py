@@ -1,4 +1,5 @@
-"""A comparison's results as SQL tables anyone can query, through SQLAlchemy (any URL; default: the strop store).
+"""A comparison's results as SQL tables anyone can query, through SQLAlchemy (any URL, or an engine: the
+control plane passes the strop store's own when no URL is given).
 
     write_tables(comparison, url="sqlite:///results.db", mode="overwrite")
     # SELECT question, correct_a, correct_b FROM strop_eval_comparison WHERE correct_a <> correct_b
@@ -59,23 +60,23 @@ def _tables(metadata: sa.MetaData) -> tuple[sa.Table, sa.Table]:
     return comparison, judge
 
 
-def _engine(url: str | None) -> sa.Engine:
-    """The store's own engine (WAL, busy timeouts) by default, else a fresh one for `url`."""
-    if url is None:
-        from strop.store import open_store
-        return open_store()
+def _engine(url: str | sa.Engine) -> sa.Engine:
+    """`url` itself when it is an engine (the control plane passes the store's own: WAL, busy timeouts), else a
+    fresh one for the URL."""
+    if isinstance(url, sa.Engine):
+        return url
     try:
         return sa.create_engine(url)
     except Exception as exc:  # noqa: BLE001 - a malformed URL or a missing driver: say which
         raise ResultsError(f"--results-url {url!r}: {exc}") from None
 
 
-def _release(engine: sa.Engine, url: str | None) -> None:
-    if url is not None:
+def _release(engine: sa.Engine, url: str | sa.Engine) -> None:
+    if not isinstance(url, sa.Engine):  # one made here
         engine.dispose()
 
 
-def write_tables(comparison: dict, *, url: str | None = None, mode: str = "overwrite",
+def write_tables(comparison: dict, *, url: str | sa.Engine, mode: str = "overwrite",
                  verdicts: dict[str, list[dict | None]] | None = None) -> dict:
     """Write both tables; `verdicts` ({"a": [...], "b": [...]}, each item's stored verdict) adds reasoning/errors."""
     if mode not in MODES:
@@ -139,7 +140,7 @@ def _check_columns(conn, *tables: sa.Table) -> None:
                                    "strop's layout: use --mode overwrite, or another --results-url")
 
 
-def delete_comparison(comparison_id: str, *, url: str | None = None) -> list[str]:
+def delete_comparison(comparison_id: str, *, url: str | sa.Engine) -> list[str]:
     """Delete one comparison's rows from both tables, dropping a table that is left empty; what was done."""
     engine = _engine(url)
     done = []
