@@ -22,10 +22,11 @@ JSON nested too deeply is a DatasetError naming its line.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from strop.data.row import Row
+from strop.data.synthetic import DEFAULT_LEVEL, generate
 from strop.errors import DatasetError
 from strop.files import FileKindError, check_regular, open_regular
 
@@ -36,22 +37,6 @@ FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 DEFAULT_SYNTHETIC_COUNT = {"train": 2000, "test": 500}
 GSM8K_NAMES = ("gsm8k", "openai/gsm8k")
 REQUIRED = ("question", "answer")
-
-
-@dataclass(frozen=True)
-class Row:
-    """One problem. `answer` is the reference solution; `gold` is the final answer a grader compares with."""
-
-    question: str
-    answer: str
-    # Excluded from hashing so a Row stays hashable although a dict is not.
-    extra: dict = field(default_factory=dict, hash=False)
-
-    @property
-    def gold(self) -> str:
-        """The text after the last `####` (the whole answer when there is none), stripped, commas removed."""
-        _, marker, tail = self.answer.rpartition("####")
-        return (tail if marker else self.answer).strip().replace(",", "")
 
 
 def load_rows(
@@ -74,8 +59,6 @@ def load_rows(
     src = str(source).strip()
 
     if src == "synthetic" or src.startswith("synthetic:"):
-        from strop.data.synthetic import DEFAULT_LEVEL, generate  # late: synthetic imports Row from here
-
         level = src.partition(":")[2].strip() or DEFAULT_LEVEL
         if split not in DEFAULT_SYNTHETIC_COUNT:
             raise DatasetError(f"synthetic data has splits 'train' and 'test', got split={split!r}.")

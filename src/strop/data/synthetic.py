@@ -19,7 +19,7 @@ import random
 import zlib
 from typing import Callable
 
-from strop.data.rows import Row
+from strop.data.row import Row
 from strop.errors import DatasetError
 
 LEVELS: dict[str, str] = {

@@ -9,7 +9,8 @@
     1.1
 """
 
-from strop.scoring.bundles import check_bundle, check_bundle_folder, load_grader
+from strop.scoring.bundles import load_grader
+from strop.scoring.checks import check_bundle, check_bundle_folder
 from strop.scoring.terms import RewardTerm, TermScores, score_terms, terms_from_spec
 
 __all__ = ["load_grader", "check_bundle", "check_bundle_folder", "RewardTerm", "TermScores", "score_terms", "terms_from_spec"]

@@ -18,8 +18,8 @@ while it imports, so it can import sibling files (`from helpers import parse`). 
 from `sys.modules` so two bundles that both have a `helpers.py` do not see each other's; import them at module
 top level, not inside the function.
 
-`check_bundle(path, module, function)` runs the same checks inside the grader sandbox and returns the error text
-(or None), so a service can vet an uploaded bundle without importing it into its own process.
+`strop.scoring.checks` runs the same checks inside the grader sandbox, so a service can vet an uploaded bundle
+without importing it into its own process.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from strop.errors import BundleError, StropError
+from strop.errors import BundleError
 from strop.scoring import gsm8k
 
 DEFAULT_MODULE = "reward"
@@ -222,59 +222,3 @@ def _hide_shadowed(root: Path) -> dict:
         if top in local and top not in sys.stdlib_module_names and not _inside(sys.modules[name], root):
             hidden[name] = sys.modules.pop(name)
     return hidden
-
-
-def check_bundle(path: str | Path, module: str = DEFAULT_MODULE, function: str = DEFAULT_FUNCTION,
-                 *, timeout_s: float = 60.0) -> str | None:
-    """Validate a bundle inside the grader sandbox, with the confinement, limits and environment a run's graders
-    get: nothing it runs at import reaches this process, sees its secrets or outlives the check.
-
-    Returns the error text a person should see, or None when the bundle loads and its grader's signature fits.
-    """
-    from strop.scoring.sandbox import SandboxError, SandboxPool
-    try:
-        root, _ = locate(path, module, function)
-        with SandboxPool(workers=1, timeout=timeout_s, import_timeout=timeout_s) as pool:
-            pool.call(f"{root}#{module}:{function}", None)
-    except SandboxError as exc:
-        return _check_problem(exc, path, module, timeout_s)
-    except StropError as exc:
-        return str(exc)
-    return None
-
-
-def check_bundle_folder(path: str | Path, function: str = DEFAULT_FUNCTION,
-                        *, timeout_s: float = 60.0) -> tuple[list[str], str | None]:
-    """Every top-level module of a bundle folder that defines `function`, each imported and checked in the sandbox
-    (its source is read there too). ([those modules], None), or ([], the error a person should see)."""
-    from strop.scoring.sandbox import SandboxError, SandboxPool
-    module = None
-    try:
-        root = locate_folder(path)
-        with SandboxPool(workers=1, timeout=timeout_s, import_timeout=timeout_s) as pool:
-            found = pool.grader_modules(root, function)
-            modules = [name for name, defines in found.items() if defines]
-            if not modules and DEFAULT_MODULE in found:
-                modules = [DEFAULT_MODULE]  # the conventional grader module: importing it says what is wrong
-            if not modules:
-                looked = ", ".join(f"{name}.py" for name in found) or "none: it has no .py file at its top level"
-                return [], (f"no module in {str(path)!r} defines {function} (the modules looked at: {looked}). "
-                            f"Define `def {EXPECTED_SIGNATURE}:` in one of them, or name the module and function "
-                            f"to check with --module NAME --function NAME.")
-            for module in modules:
-                pool.call(f"{root}#{module}:{function}", None)
-    except SandboxError as exc:
-        return [], (f"module {module!r}: " if module else "") + _check_problem(exc, path, module or "?", timeout_s)
-    except StropError as exc:
-        return [], str(exc)
-    return modules, None
-
-
-def _check_problem(exc, path, module: str, timeout_s: float) -> str:
-    if exc.kind == "timeout":
-        return (f"checking scoring bundle {str(path)!r} timed out after {timeout_s:g} s: importing {module}.py "
-                f"must not block or do long work at import time; move it into the function or a cache.")
-    if exc.kind in ("died", "memory", "channel"):
-        return (f"checking scoring bundle {str(path)!r} failed: {exc}; importing {module}.py must not exit, "
-                f"crash or write to the standard output's channel.")
-    return str(exc)
