@@ -213,16 +213,7 @@ def test_slow_and_silent_http_clients_are_dropped_while_others_are_served(financ
     started = time.perf_counter()
     dropped = {}
 
-    def trickle():                                  # slowloris: a request head one byte every 0.2 s
-        try:
-            for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100:
-                slow.sendall(bytes([byte]))
-                time.sleep(0.2)
-            dropped["slow"] = None
-        except OSError:
-            dropped["slow"] = time.perf_counter() - started
-    sender = threading.Thread(target=trickle)
-    sender.start()
+    sender = slowloris(slow, started, dropped)
     assert health_seconds(finance_server) < 1.0                          # others are served meanwhile
     silent.settimeout(10)
     assert silent.recv(1) == b""                                          # closed by the server, not by us
@@ -482,16 +473,7 @@ def test_slow_idle_and_surplus_clients_are_dropped_while_others_are_served(model
     slow = socket.create_connection(("127.0.0.1", port))
     dropped = {}
 
-    def trickle():                                                        # slowloris: one byte every 0.2 s
-        try:
-            for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100:
-                slow.sendall(bytes([byte]))
-                time.sleep(0.2)
-            dropped["slow"] = None
-        except OSError:
-            dropped["slow"] = time.perf_counter() - started
-    sender = threading.Thread(target=trickle)
-    sender.start()
+    sender = slowloris(slow, started, dropped)
     assert chat(model_server, {"messages": HI, "max_tokens": 2})[0] == 200   # others are served meanwhile
     silent.settimeout(10)
     assert silent.recv(1) == b""                                          # closed by the server
@@ -529,3 +511,19 @@ def test_rubrics_leave_out_what_a_remote_state_cannot_mean():
     states = [{"turns": 2, "correct": True}, {"turns": 10 ** 400, "correct": False},          # was OverflowError
               {"turns": float("nan"), "sqlErrors": "x"}, {"turns": float("inf")}]               # was a NaN mean
     assert rubric_metrics(states) == {"rubric/turns": 2.0, "rubric/correct": 0.5}
+
+
+def slowloris(sock, started: float, dropped: dict) -> threading.Thread:
+    """Send a request head one byte every 0.2 s on `sock`; dropped["slow"] becomes the seconds after `started`
+    at which the server cut it off (None if it never did)."""
+    def trickle():
+        try:
+            for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100:
+                sock.sendall(bytes([byte]))
+                time.sleep(0.2)
+            dropped["slow"] = None
+        except OSError:
+            dropped["slow"] = time.perf_counter() - started
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    return sender
