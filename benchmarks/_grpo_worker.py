@@ -49,7 +49,7 @@ def ready(channel: Channel, setup_seconds: float, **info) -> None:
 
 # ---- strop ---------------------------------------------------------------------------------------------------
 class NoStopRenderer:
-    """The renderer with an empty stop list: `_train_step` stops sampling where the renderer says, and a
+    """The renderer with an empty stop list: `train_step` stops sampling where the renderer says, and a
     benchmark wants every completion to run to max_tokens."""
 
     def __init__(self, renderer):
@@ -67,7 +67,7 @@ def force_fixed_length(service, model: str, renderer) -> NoStopRenderer:
 
     strop's sampler always adds the model's EOS ids to a request's stop set (`SamplerEngine._split_stops`) and
     `SamplingParams` has no switch to turn that off, so we empty the engine's EOS set here, and hand
-    `_train_step` a renderer whose stop list is empty. (A `SamplingParams.min_tokens` or `ignore_eos`, as vLLM
+    `train_step` a renderer whose stop list is empty. (A `SamplingParams.min_tokens` or `ignore_eos`, as vLLM
     has, would make this a documented option.)"""
     service.backend.queue(model).engine.eos_ids = frozenset()
     return NoStopRenderer(renderer)
@@ -82,8 +82,10 @@ def run_strop(config: dict, channel: Channel) -> None:
     from strop.data import Row
     from strop.renderers import get_renderer
     from strop.rl.config import GRPOConfig
-    from strop.rl.grpo import _train_step, build_prompt, check_memory
+    from strop.rl.episodes import ProblemSource
+    from strop.rl.grpo import build_prompt, plan
     from strop.rl.metrics import RunLog
+    from strop.rl.step import StepContext, adam_params, train_step
     from strop.scoring.terms import RewardTerm
 
     def reward(data_source=None, solution_str=None, ground_truth=None, extra_info=None) -> float:
@@ -105,19 +107,18 @@ def run_strop(config: dict, channel: Channel) -> None:
     if [build_prompt(renderer, row, grpo).to_ints() for row in rows] != config["prompt_ids"]:
         raise RuntimeError("strop's prompts differ from the benchmark's prompt_ids")
     # what run_grpo does before its first step: the micro-batch that fits this machine
-    training.set_micro_batch_tokens(check_memory(renderer, rows, grpo, config["model_dir"]))
+    training.set_micro_batch_tokens(plan(grpo, renderer, rows, service=service)["tokensPerMicroBatch"])
     renderer = force_fixed_length(service, model, renderer)
     terms = [RewardTerm(name="text_reward", weight=1.0, fn=reward)]
-    adam = types.AdamParams(learning_rate=grpo.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
-                            weight_decay=grpo.weight_decay, grad_clip_norm=grpo.grad_clip_norm)
-    log = RunLog(os.environ["BENCH_SCRATCH"])
+    ctx = StepContext(config=grpo, training=training, renderer=renderer, source=ProblemSource(terms),
+                      adam=adam_params(grpo), log=RunLog(os.environ["BENCH_SCRATCH"]))
     ready(channel, now() - t0, torch_threads=torch.get_num_threads(),
           micro_batch_tokens=training.trainer.max_tokens_per_batch)
 
     step = 0
     while channel.next_command() == "step":
         t0 = now()
-        row = _train_step(step, rows, grpo, training, renderer, terms, {"text_reward": 1.0}, None, adam, log, 0)
+        row = train_step(ctx, step, rows).as_row()
         seconds = now() - t0
         channel.send("step", seconds=seconds, sample_seconds=row["sampleSeconds"], train_seconds=row["trainSeconds"],
                      mean_length=row["completionLength"], all_full_length=row["clippedFraction"] == 1.0,

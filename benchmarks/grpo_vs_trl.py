@@ -7,7 +7,7 @@ Needs trl, which the project's venv does not have: make a separate venv (see _co
 
 Each side runs in its own fresh process (see _common.py for everything the two share). After one warm-up step
 each, the steps alternate, strop first in even rounds and TRL first in odd ones, so a change in machine load
-falls on both; the medians are compared. strop's step is `strop.rl.grpo._train_step`, the step `run_grpo` runs;
+falls on both; the medians are compared. strop's step is `strop.rl.step.train_step`, the step `run_grpo` runs;
 TRL's is one optimizer step of `GRPOTrainer.train()` (generation, reward, loss, backward, AdamW, logging).
 
 Loss: strop's `importance_sampling` is -sum_t exp(lp - q) * A over completion tokens. TRL's `dapo` is the PPO

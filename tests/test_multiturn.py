@@ -11,7 +11,9 @@ from strop.renderers import get_renderer
 from strop.renderers.tools import hermes_messages, parse_tool_calls
 from strop.rl import GRPOConfig, run_grpo
 from strop.errors import StropError
-from strop.rl.multiturn import Episode, Turn, episode_datums, run_episodes
+from strop.rl.episodes import EnvironmentSource, ToolEpisode
+from strop.rl.rollouts import check_errors, play, rollout_datums, turn_kl
+from strop.rl.types import Rollout, Turn
 from strop.tokenizer_utils import get_tokenizer
 from test_control import home, workspace  # noqa: F401 - fixtures of the control-plane tests
 from toy_env import TOOLS, ToyEnv
@@ -43,11 +45,15 @@ def _setup(tiny_model_dir):
     return training, renderer
 
 
+def _episodes(envs, tasks, group_size):
+    return [[ToolEpisode(envs[t * group_size + g], task) for g in range(group_size)] for t, task in enumerate(tasks)]
+
+
 def test_episodes_run_in_lockstep_until_done_or_out_of_turns(tiny_model_dir):
     training, renderer = _setup(tiny_model_dir)
     envs = [ToyEnv(max_turns=3) for _ in range(4)]
-    groups = run_episodes(training.save_weights_and_get_sampling_client(), renderer, envs,
-                          envs[0].tasks("train", 2), group_size=2, max_tokens=12, seed=0)
+    groups = play(training.save_weights_and_get_sampling_client(), renderer,
+                  _episodes(envs, envs[0].tasks("train", 2), 2), max_tokens=12, seed=0)
     assert [len(g) for g in groups] == [2, 2]
     for episode in (e for g in groups for e in g):
         assert 1 <= len(episode.turns) <= 3
@@ -60,9 +66,8 @@ def test_episodes_run_in_lockstep_until_done_or_out_of_turns(tiny_model_dir):
 
 def test_only_model_tokens_are_trained():
     prompt = strop.types.ModelInput.from_ints([5, 6, 7])
-    episode = Episode(task=None, messages=[], turns=[Turn(prompt=prompt, tokens=[8, 9], logprobs=[-0.5, -0.25],
-                                                          text="", stop_reason="stop")])
-    [datum] = episode_datums([episode], torch.tensor([0.5]))
+    episode = Rollout(turns=(Turn(prompt=prompt, tokens=(8, 9), logprobs=(-0.5, -0.25), text="", stop_reason="stop"),))
+    [datum] = rollout_datums([episode], torch.tensor([0.5]))
     assert datum.model_input.to_ints() == [5, 6, 7, 8]
     assert datum.loss_fn_inputs["target_tokens"].to_torch().tolist() == [0, 0, 8, 9]
     assert datum.loss_fn_inputs["advantages"].to_torch().tolist() == [0.0, 0.0, 0.5, 0.5]
@@ -106,20 +111,19 @@ def test_a_descriptor_run_in_an_environment(workspace, capsys, monkeypatch):  # 
 
 
 def test_kl_to_the_base_model_is_charged_per_turn_token(tiny_model_dir):
-    from strop.rl.multiturn import turn_kl
     base = strop.ServiceClient().create_sampling_client(base_model=str(tiny_model_dir))
     first = strop.types.ModelInput.from_ints([5, 6, 7])
     second = first.append(strop.types.EncodedTextChunk(tokens=[8, 9, 30, 31]))  # the observation joins the prompt
-    turns = [Turn(prompt=first, tokens=[8, 9], logprobs=[-0.5, -0.25], text="", stop_reason="stop"),
-             Turn(prompt=first, tokens=[], logprobs=[], text="", stop_reason="length"),
-             Turn(prompt=second, tokens=[40], logprobs=[-1.0], text="", stop_reason="stop")]
-    episode = Episode(task=None, messages=[], turns=turns)
+    turns = (Turn(prompt=first, tokens=(8, 9), logprobs=(-0.5, -0.25), text="", stop_reason="stop"),
+             Turn(prompt=first, tokens=(), logprobs=(), text="", stop_reason="length"),
+             Turn(prompt=second, tokens=(40,), logprobs=(-1.0,), text="", stop_reason="stop"))
+    episode = Rollout(turns=turns)
     [kl] = turn_kl(base, [episode])
     full = base.compute_logprobs_many([first.append(strop.types.EncodedTextChunk(tokens=[8, 9])),
                                        second.append(strop.types.EncodedTextChunk(tokens=[40]))]).result()
     assert kl[1] == [] and len(kl[0]) == 2 and len(kl[2]) == 1
     assert kl[0] == pytest.approx([-0.5 - full[0][3], -0.25 - full[0][4]]) and kl[2] == pytest.approx([-1.0 - full[1][7]])
-    datums = episode_datums([episode], torch.tensor([0.5]), [kl], kl_beta=0.1)
+    datums = rollout_datums([episode], torch.tensor([0.5]), [kl], kl_beta=0.1)
     assert len(datums) == 2  # the empty turn trains nothing
     assert datums[0].loss_fn_inputs["advantages"].to_torch().tolist()[2:] == pytest.approx([0.5 - 0.1 * k for k in kl[0]])
     assert datums[1].loss_fn_inputs["advantages"].to_torch().tolist()[-1] == pytest.approx(0.5 - 0.1 * kl[2][0])
@@ -133,18 +137,19 @@ def test_an_environment_run_accepts_a_kl_penalty(tiny_model_dir, tmp_path):
 
 
 def test_environment_errors_are_kept_and_too_many_fail_the_step_before_its_update():
-    from strop.rl.multiturn import _act, check_environment_errors
-
-    class Broken:
+    class Broken(ToyEnv):
         def step(self, call):
             raise RuntimeError("database is gone")
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
-    episodes = [Episode(task=None, messages=[]) for _ in range(4)]
-    observation = _act(episodes[0], Broken(), call)
+    env = Broken()
+    task = env.tasks("train", 1)[0]
+    episodes = [ToolEpisode(env, task) for _ in range(4)]
+    observation = episodes[0].act(call)
     assert "database is gone" in observation and not episodes[0].done  # the model sees it and may go on
     assert episodes[0].environment_errors == ["RuntimeError: database is gone"]
-    check_environment_errors(episodes, 0.5, step=3)  # 1 of 4: under the limit
-    _act(episodes[1], Broken(), call)
-    _act(episodes[2], Broken(), call)
+    finished = lambda: [e.finish([], []) for e in episodes]  # noqa: E731
+    check_errors(finished(), 0.5, step=3, failure=EnvironmentSource.failure)  # 1 of 4: under the limit
+    episodes[1].act(call)
+    episodes[2].act(call)
     with pytest.raises(StropError, match=r"(?s)step 3: 3 of 4 episodes met an environment error.*database is gone"):
-        check_environment_errors(episodes, 0.5, step=3)
+        check_errors(finished(), 0.5, step=3, failure=EnvironmentSource.failure)

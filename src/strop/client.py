@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from strop.engine.resources import plan_grpo_memory
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.trainer import LoraTrainer, load_adapter_weights
 from strop.errors import StropError
@@ -236,6 +237,14 @@ class ServiceClient:
             raise StropError("create_sampling_client needs base_model (the model the adapter was trained on)")
         adapter = load_adapter_weights(model_path) if model_path else None
         return SamplingClient(self.backend, base_model, adapter=adapter, model_path=model_path)
+
+    def plan_grpo_memory(self, base_model: str, *, batch_size: int, group_size: int, prompt_tokens: int,
+                         completion_tokens: int, what: str = "this run") -> dict:
+        """The memory a GRPO run of these sizes would need on this backend, at the largest trainer micro-batch
+        that fits (`tokensPerMicroBatch`); MemoryRefused when even one sequence per micro-batch would not fit
+        (a strop extension: admission and the loop plan through it)."""
+        return plan_grpo_memory(self.backend.model_dir(base_model), batch_size=batch_size, group_size=group_size,
+                                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, what=what)
 
     def get_server_capabilities(self) -> dict:
         from strop.models import CATALOG

@@ -282,7 +282,8 @@ def test_a_huge_observation_reaches_the_model_cut_with_a_marker(tiny_model_dir):
     import strop
     from strop import model_info
     from strop.renderers import get_renderer
-    from strop.rl.multiturn import OBSERVATION_CHARS, _act, run_episodes
+    from strop.rl.episodes import OBSERVATION_CHARS, ToolEpisode
+    from strop.rl.rollouts import play
     from strop.tokenizer_utils import get_tokenizer
 
     server = served(FloodEnv, port=0)                    # 5 MB a reset, 5 MB a step
@@ -291,12 +292,14 @@ def test_a_huge_observation_reaches_the_model_cut_with_a_marker(tiny_model_dir):
         model = str(tiny_model_dir)
         sampler = strop.ServiceClient().create_sampling_client(base_model=model)
         renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
-        [[episode]] = run_episodes(sampler, renderer, [env], env.tasks("train", 1), group_size=1, max_tokens=2,
-                                   max_turns=1, seed=0)
+        [task] = env.tasks("train", 1)
+        [[episode]] = play(sampler, renderer, [[ToolEpisode(env, task)]], max_tokens=2, max_turns=1, seed=0)
         first = episode.messages[0]["content"]
         assert len(first) < OBSERVATION_CHARS + 100 and "observation truncated: 5,000,000 characters" in first
         assert episode.turns[0].prompt.length < 2 * OBSERVATION_CHARS         # what the sampler was given
-        seen = _act(episode, env, '<tool_call>{"name": "look", "arguments": {}}</tool_call>')
+        playing = ToolEpisode(env, task)
+        playing.start()
+        seen = playing.act('<tool_call>{"name": "look", "arguments": {}}</tool_call>')
         assert len(seen) < OBSERVATION_CHARS + 100 and seen.endswith("only the first 16,000 shown]")
         env.close()
     finally:

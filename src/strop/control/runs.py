@@ -142,7 +142,7 @@ def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
     from strop.data import load_rows
     from strop.engine.resources import MemoryRefused
     from strop.renderers import get_renderer
-    from strop.rl.grpo import check_memory
+    from strop.rl.grpo import plan
     from strop.tokenizer_utils import get_tokenizer
     import tempfile
     path, version = registry.dataset_file(pinned["dataset"]["ref"])
@@ -152,9 +152,10 @@ def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
         rows = load_rows(str(named), limit=2000)
     model_dir = pinned["baseModel"]["path"]
     renderer = get_renderer(model_info.get_recommended_renderer_name(descriptor.base_model), get_tokenizer(model_dir))
-    config = descriptor.to_grpo_config(str(path), [{"name": "x", "weight": 1.0, "grader": "builtin:gsm8k"}])
+    config = descriptor.to_grpo_config(str(path), [{"name": "x", "weight": 1.0, "grader": "builtin:gsm8k"}],
+                                       base_model=model_dir)
     try:
-        check_memory(renderer, rows, config, model_dir)
+        plan(config, renderer, rows)
     except MemoryRefused as exc:
         return [f"$.config.rlHyperparams: {exc}"]
     return []

@@ -39,7 +39,7 @@ HEAD_KEEP_BYTES = 1 << 30
 # float32 values kept per token and layer for the backward pass, as multiples of the hidden size (H) and the
 # MLP width (I): calibrated against measured peaks (benchmarks/RESULTS.md, "memory estimate").
 ACTIVATION_FLOATS = (24, 7)
-# What the loop keeps per completion until the step's update (strop.rl.grpo._train_step), measured with
+# What the loop keeps per completion until the step's update (strop.rl.step.train_step), measured with
 # tracemalloc on its own objects at 256 completions of 256 tokens: sampled ids and logprobs, the Completion's
 # copies, its text and rollout record, 98 bytes per completion token; each datum's Python lists 108 bytes per
 # prompt + completion token, plus 16 bytes of tensors (int64 targets, float32 logprobs and advantages).

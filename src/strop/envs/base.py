@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from strop.tool_calls import ToolCall  # noqa: F401 - part of the protocol; the type is shared with renderers
+
 
 @dataclass(frozen=True)
 class Task:
@@ -41,16 +43,6 @@ class Task:
     def from_dict(cls, data: dict) -> Task:
         return cls(id=data["id"], prompt=data["prompt"], answer=data["answer"], split=data["split"],
                    meta=dict(data.get("meta") or {}))
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: dict = field(default_factory=dict, hash=False)
-    id: str | None = None
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "arguments": self.arguments, "id": self.id}
 
 
 @dataclass(frozen=True)

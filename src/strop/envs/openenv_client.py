@@ -17,7 +17,7 @@ environment does not take.
 
 A server is not trusted: an answer over `max_message_bytes`, one that is not JSON, or a reward that is not a
 finite number is a RemoteEnvError naming the server, never a crash or a NaN in training. (How much of an
-observation a model reads is `strop.rl.multiturn.cap_observation`'s to bound.)
+observation a model reads is `strop.rl.episodes.cap_observation`'s to bound.)
 """
 
 from __future__ import annotations

@@ -15,7 +15,16 @@ import json
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 
-from strop.envs.base import ToolCall
+from strop import model_info
+from strop.client import ServiceClient
+from strop.envs import get_env
+from strop.envs.rubrics import rubric_metrics
+from strop.evals.openai_client import client_for, parse_openai_ref
+from strop.renderers import get_renderer
+from strop.rl.episodes import EnvironmentSource, EnvPool, cap_observation  # an endpoint model reads what a local one reads
+from strop.rl.rollouts import play
+from strop.tokenizer_utils import get_tokenizer
+from strop.tool_calls import ToolCall
 
 
 def _passed(reward: float, info: dict) -> bool:
@@ -23,7 +32,6 @@ def _passed(reward: float, info: dict) -> bool:
 
 
 def _summary(episodes: list[dict]) -> dict:
-    from strop.envs.rubrics import rubric_metrics
     n = len(episodes)
     return {"n": n, "pass@1": sum(e["passed"] for e in episodes) / n if n else 0.0,
             "meanReward": statistics.fmean(e["reward"] for e in episodes) if n else 0.0,
@@ -35,7 +43,6 @@ def evaluate_env(model: str, env_name: str, *, splits: list[str] | None = None, 
                  options: dict | None = None, adapter: str | None = None, max_tokens: int = 256,
                  max_turns: int | None = None, api_key_env: str = "OPENAI_API_KEY", concurrency: int = 4) -> dict:
     """pass@1, mean reward and rubrics per split of `env_name` for `model` (local, or openai:NAME@URL)."""
-    from strop.envs import get_env
     probe = get_env(env_name, **(options or {}))
     try:
         splits = splits or [s for s in probe.splits() if s != "train"] or probe.splits()
@@ -55,26 +62,20 @@ def evaluate_env(model: str, env_name: str, *, splits: list[str] | None = None, 
 
 
 def _local_episodes(model, env_name, options, tasks, *, adapter, max_tokens, max_turns) -> list[dict]:
-    import strop
-    from strop import model_info
-    from strop.renderers import get_renderer
-    from strop.rl.multiturn import EnvPool, run_episodes
-    from strop.tokenizer_utils import get_tokenizer
-    sampler = strop.ServiceClient().create_sampling_client(base_model=model, model_path=adapter)
+    """Greedy episodes through strop's sampler: the rollout path training uses (`strop.rl.rollouts.play`)."""
+    sampler = ServiceClient().create_sampling_client(base_model=model, model_path=adapter)
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
     pool = EnvPool({"name": env_name, "options": options}, len(tasks))
     try:
-        groups = run_episodes(sampler, renderer, pool.fill().envs, tasks, group_size=1, max_tokens=max_tokens,
-                              temperature=0.0, max_turns=max_turns)
+        source = EnvironmentSource(pool, max_turns=max_turns)
+        groups = play(sampler, renderer, source.episodes(tasks, 1), max_tokens=max_tokens, temperature=0.0)
     finally:
         pool.close()
-    return [{"task": e.task.id, "gold": e.task.answer, "reward": e.reward, "passed": _passed(e.reward, e.info),
-             "turns": len(e.turns), "state": e.state, "transcript": e.transcript()} for [e] in groups]
+    return [{"task": r.task_id, "gold": r.gold, "reward": r.reward, "passed": _passed(r.reward, r.info),
+             "turns": len(r.turns), "state": r.state, "transcript": r.transcript()} for [r] in groups]
 
 
 def _endpoint_episodes(model, env_name, options, tasks, *, max_tokens, max_turns, api_key_env, concurrency):
-    from strop.envs import get_env
-    from strop.evals.openai_client import client_for, parse_openai_ref
     ref = parse_openai_ref(model)
     client = client_for(ref, api_key_env=api_key_env)
 
@@ -90,7 +91,6 @@ def _endpoint_episodes(model, env_name, options, tasks, *, max_tokens, max_turns
 
 
 def _endpoint_episode(client, model_name, env, task, max_tokens, max_turns) -> dict:
-    from strop.rl.multiturn import cap_observation  # an endpoint model reads what a local one reads: at most this
     messages = [{"role": "user", "content": cap_observation(env.reset(task).content)}]
     reward, info, turns, error = 0.0, {}, 0, None
     for turns in range(1, max_turns + 1):

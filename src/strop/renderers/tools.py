@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from strop.envs.base import ToolCall
+from strop.tool_calls import ToolCall
 
 OPEN = "<tool_call>"
 STOP = "</tool_call>"

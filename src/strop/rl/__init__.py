@@ -1,5 +1,6 @@
-"""Reinforcement learning: pure advantage functions (`strop.rl.advantages`; the losses are the engine's), the GRPO loop
-(`strop.rl.grpo`), run files (`metrics`, `checkpoints`).
+"""Reinforcement learning: pure advantage functions (`strop.rl.advantages`; the losses are the engine's), one rollout
+path for datasets and environments (`types`, `episodes`, `rollouts`), one training step (`step`), the GRPO loop
+(`grpo`), run files (`metrics`, `checkpoints`).
 
     from strop.rl import GRPOConfig, run_grpo
 """

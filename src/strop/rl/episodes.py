@@ -1,0 +1,215 @@
+"""What a rollout plays: a dataset row as a one-turn episode, or a tool-use environment's task as an episode of
+several turns. Both answer the same four questions, so one rollout loop (`strop.rl.rollouts.play`) runs both:
+
+    messages = episode.start()                    # what the model reads first
+    prompt = episode.prompt(renderer, messages)   # the conversation so far as tokens
+    observation = episode.act(reply_text)         # what comes back; None once the episode is over
+    rollout = episode.finish(turns, messages)     # the frozen Rollout, reward and errors included
+
+A row's episode scores the one reply with the run's reward terms and ends. An environment's episode hands a
+`<tool_call>` in the reply to the environment and the tool's reply becomes the next message; a call that cannot
+be parsed, or a reply with no call, gets an observation saying so. It ends when the environment says done or
+after its turn limit (then its reward is 0). Whatever an environment returns (a remote one included), the model
+reads at most OBSERVATION_CHARS characters of it, with a line saying what was cut (`cap_observation`).
+
+A source makes the episodes of one step (`group_size` per row or task) and says how its rollouts are recorded:
+`ProblemSource` for datasets, `EnvironmentSource` for environments.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from strop import types
+from strop.data import Row
+from strop.envs import get_env
+from strop.envs.base import Observation, StepResult, Task
+from strop.envs.rubrics import rubric_metrics
+from strop.renderers import get_text_content
+from strop.renderers.tools import STOP, parse_tool_calls
+from strop.rl.types import Rollout, Turn
+from strop.scoring import score_terms
+from strop.tool_calls import ToolCall
+
+OBSERVATION_CHARS = 16_000  # ~4,000 tokens: a page of rows; one 37 MB observation would have gone in whole
+NO_CALL = ("No tool call found. Call a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; "
+           "give your final answer with the submit_answer tool.")
+
+
+def problem_messages(row: Row, system_prompt: str | None = None, question_suffix: str = "") -> list[dict]:
+    """The conversation a dataset row starts: the system prompt, if any, then the question."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": row.question + question_suffix})
+    return messages
+
+
+class ProblemEpisode:
+    """A dataset row as a one-turn environment: the reply is scored by every reward term and the episode ends.
+    Each term's grader call is one check; a grader that raises or returns a non-number is a failed check."""
+
+    max_turns = 1
+
+    def __init__(self, row: Row, terms, *, system_prompt: str | None = None, question_suffix: str = ""):
+        self.row, self.terms = row, terms
+        self.system_prompt, self.question_suffix = system_prompt, question_suffix
+        self.scored = None
+
+    def start(self) -> list[dict]:
+        return problem_messages(self.row, self.system_prompt, self.question_suffix)
+
+    def prompt(self, renderer, messages: list[dict]) -> types.ModelInput:
+        return renderer.build_generation_prompt(messages)
+
+    def stop_sequences(self, renderer) -> list[str]:
+        return renderer.get_stop_sequences()
+
+    def act(self, text: str) -> None:
+        self.scored = score_terms(self.terms, text, self.row)
+        return None
+
+    def finish(self, turns: list[Turn], messages: list[dict]) -> Rollout:
+        scored = self.scored
+        return Rollout(turns=tuple(turns), reward=scored.total if scored else 0.0,
+                       scores=dict(scored.scores) if scored else {}, question=self.row.question, gold=self.row.gold,
+                       messages=tuple(messages), checks=len(self.terms),
+                       failed=len(scored.errors) if scored else 0, errors=tuple(scored.errors) if scored else ())
+
+
+class ToolEpisode:
+    """A task of a tool-use environment: each reply's first tool call goes to the environment until it says done
+    or `max_turns` replies were made. The episode is one check; it failed when the environment raised."""
+
+    def __init__(self, env, task: Task, *, system_prompt: str | None = None, max_turns: int | None = None):
+        self.env, self.task, self.system_prompt = env, task, system_prompt
+        self.max_turns = max_turns or env.max_turns
+        self.tools: list[dict] = []
+        self.done, self.reward, self.info = False, 0.0, {}
+        self.parse_errors = 0
+        self.environment_errors: list[str] = []
+
+    def start(self) -> list[dict]:
+        self.tools = self.env.tools()
+        first = self.env.reset(self.task)
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": cap_observation(first.content)})
+        return messages
+
+    def prompt(self, renderer, messages: list[dict]) -> types.ModelInput:
+        return renderer.build_tool_prompt(messages, self.tools)
+
+    def stop_sequences(self, renderer) -> list[str]:
+        return [*renderer.get_stop_sequences(), STOP]
+
+    def act(self, text: str) -> str | None:
+        calls, problems = parse_tool_calls(text)
+        if not calls:
+            self.parse_errors += 1
+            return problems[0] + " Write the call again as valid JSON." if problems else NO_CALL
+        result = call_tool_safely(self.env, calls[0])
+        observation = cap_observation(result.observation.content)
+        if result.info.get("environmentError"):
+            self.environment_errors.append(str(result.info["environmentError"]))
+        if len(calls) > 1:
+            observation += f"\n(only the first of your {len(calls)} tool calls was run; make one call per turn)"
+        if result.done:
+            self.done, self.reward, self.info = True, float(result.reward), dict(result.info)
+            return None
+        return observation
+
+    def finish(self, turns: list[Turn], messages: list[dict]) -> Rollout:
+        return Rollout(turns=tuple(turns), reward=self.reward, scores={}, question=self.task.prompt,
+                       gold=self.task.answer, task_id=self.task.id, messages=tuple(messages), checks=1,
+                       failed=1 if self.environment_errors else 0, errors=tuple(self.environment_errors),
+                       parse_errors=self.parse_errors, state=self.env.state(), info=self.info)
+
+
+def cap_observation(text: str, limit: int = OBSERVATION_CHARS) -> str:
+    """An environment's text as a model reads it: whole, or its first `limit` characters and a line saying how
+    much was cut (so the model, and whoever reads the transcript, can tell)."""
+    text = text if isinstance(text, str) else str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[observation truncated: {len(text):,} characters, only the first {limit:,} shown]"
+
+
+def call_tool_safely(env, call: ToolCall) -> StepResult:
+    """`env.step(call)`; an environment that raises is turned into an observation (a broken environment must
+    not kill a run, but it is counted)."""
+    try:
+        return env.step(call)
+    except Exception as exc:  # noqa: BLE001
+        reason = f"{type(exc).__name__}: {exc}"
+        return StepResult(observation=Observation(f"the environment failed: {reason}"),
+                          info={"environmentError": reason})
+
+
+class EnvPool:
+    """One environment per episode of a step (batch x group), made once and reset for every episode. Only the
+    first is made at once (its tools and tasks size the run); `fill()` makes the rest once the run is admitted."""
+
+    def __init__(self, spec: dict, size: int):
+        self.name, self.options, self.size = spec["name"], dict(spec.get("options") or {}), size
+        self.envs = [get_env(self.name, **self.options)]
+
+    def fill(self) -> EnvPool:
+        while len(self.envs) < self.size:
+            self.envs.append(get_env(self.name, **self.options))
+        return self
+
+    def tasks(self, split: str, limit: int | None = None) -> list[Task]:
+        return self.envs[0].tasks(split, limit)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class ProblemSource:
+    """Dataset rows, each the start of `group_size` one-turn episodes scored by the reward terms."""
+
+    failure = "grader calls failed"
+
+    def __init__(self, terms, *, system_prompt: str | None = None, question_suffix: str = ""):
+        self.terms, self.system_prompt, self.question_suffix = terms, system_prompt, question_suffix
+
+    def episodes(self, rows: list[Row], group_size: int) -> list[list[ProblemEpisode]]:
+        return [[ProblemEpisode(row, self.terms, system_prompt=self.system_prompt,
+                                question_suffix=self.question_suffix) for _ in range(group_size)] for row in rows]
+
+    def record(self, rollout: Rollout, renderer) -> dict:
+        turn = rollout.turns[0]
+        return {"prompt": renderer.tokenizer.decode(turn.prompt.to_ints()), "question": rollout.question,
+                "gold": rollout.gold, "completion": rollout.text, "scores": rollout.scores,
+                "tokens": len(turn.tokens), "stop_reason": turn.stop_reason, "errors": list(rollout.errors)}
+
+    def metrics(self, rollouts: list[Rollout]) -> dict:
+        return {"terms": {t.name: t.weight * statistics.fmean(r.scores.get(t.name, 0.0) for r in rollouts)
+                          for t in self.terms}}
+
+
+class EnvironmentSource:
+    """An environment's tasks, each the start of `group_size` episodes, one pooled environment per episode."""
+
+    failure = "episodes met an environment error"
+
+    def __init__(self, pool: EnvPool, *, system_prompt: str | None = None, max_turns: int | None = None):
+        self.pool, self.system_prompt, self.max_turns = pool, system_prompt, max_turns
+
+    def episodes(self, tasks: list[Task], group_size: int) -> list[list[ToolEpisode]]:
+        envs = self.pool.fill().envs
+        if len(envs) < len(tasks) * group_size:
+            raise ValueError(f"need {len(tasks) * group_size} environments for {len(tasks)} tasks x {group_size}, "
+                             f"got {len(envs)}")
+        return [[ToolEpisode(envs[t * group_size + g], task, system_prompt=self.system_prompt,
+                             max_turns=self.max_turns) for g in range(group_size)] for t, task in enumerate(tasks)]
+
+    def record(self, rollout: Rollout, renderer) -> dict:
+        return {"task": rollout.task_id, "question": rollout.question, "gold": rollout.gold,
+                "turns": len(rollout.turns), "transcript": rollout.transcript(), "state": rollout.state,
+                "info": rollout.info, "errors": list(rollout.errors)}
+
+    def metrics(self, rollouts: list[Rollout]) -> dict:
+        turns = sum(len(r.turns) for r in rollouts)
+        return {"terms": {self.pool.name: statistics.fmean(r.reward for r in rollouts)},
+                "toolCallParseErrors": sum(r.parse_errors for r in rollouts) / len(rollouts),
+                "modelTurns": turns / len(rollouts), "rubrics": rubric_metrics([r.state for r in rollouts])}

@@ -1,0 +1,107 @@
+"""One GRPO step, the same for datasets and environments: roll out -> score -> advantages -> datums -> update ->
+metrics row.
+
+    ctx = StepContext(config, training, renderer, ProblemSource(terms), adam, log)
+    metrics = train_step(ctx, step=0, items=rows[:8], epoch=0)      # a StepMetrics; metrics.as_row() is logged
+
+Each item (a row or a task) starts `group_size` episodes; each rollout's advantage is its reward minus its
+group's mean. Groups whose rollouts all scored the same carry no signal and are skipped. With klBeta > 0 each
+trained token's advantage pays beta x its KL to the base model. A step whose checks mostly failed stops the run
+before its update.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from strop import types
+from strop.rl.advantages import group_advantages, is_zero_variance
+from strop.rl.config import GRPOConfig
+from strop.rl.metrics import RunLog
+from strop.rl.rollouts import check_errors, play, rollout_datums, turn_kl
+from strop.rl.types import StepMetrics
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every step of a run uses: the settings, the clients, the renderer, where episodes come from
+    (`strop.rl.episodes.ProblemSource` or `EnvironmentSource`), the optimiser's settings and the run's log."""
+
+    config: GRPOConfig
+    training: object            # strop.client.TrainingClient
+    renderer: object
+    source: object
+    adam: types.AdamParams
+    log: RunLog | None = None
+    base_sampler: object = None  # the model with the adapter off, when klBeta > 0
+
+
+def adam_params(config: GRPOConfig) -> types.AdamParams:
+    return types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
+                            weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
+
+
+def step_seed(config: GRPOConfig, step: int) -> int:
+    return config.seed * 1_000_003 + step * 1_009
+
+
+def train_step(ctx: StepContext, step: int, items: list, epoch: int = 0) -> StepMetrics:
+    config = ctx.config
+    t0 = time.perf_counter()
+    sampler = ctx.training.save_weights_and_get_sampling_client()
+    groups = play(sampler, ctx.renderer, ctx.source.episodes(items, config.group_size),
+                  max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
+                  seed=step_seed(config, step))
+    sample_seconds = time.perf_counter() - t0
+
+    datums, zero_var, kl_values, records = [], 0, [], []
+    for g, group in enumerate(groups):
+        rewards_G = torch.tensor([r.reward for r in group])
+        advantages_G = group_advantages(rewards_G, scale_by_std=config.scale_by_std)
+        for rollout, advantage in zip(group, advantages_G.tolist()):
+            records.append({"step": step, "group": g, "reward": rollout.reward, "advantage": advantage,
+                            **ctx.source.record(rollout, ctx.renderer)})
+        if is_zero_variance(rewards_G):
+            zero_var += 1
+            continue
+        kl_G = turn_kl(ctx.base_sampler, group) if ctx.base_sampler is not None else None
+        if kl_G is not None:
+            kl_values.extend(v for rollout in kl_G for turn in rollout for v in turn)
+        datums.extend(rollout_datums(group, advantages_G, kl_G, config.kl_beta))
+
+    rollouts = [r for group in groups for r in group]
+    # before the update: a step whose rewards are mostly failures must not move the weights
+    check_errors(rollouts, config.max_reward_error_fraction, step, ctx.source.failure)
+    t1 = time.perf_counter()
+    fb, optim = {}, {}
+    if datums:
+        fb = ctx.training.forward_backward(datums, loss_fn=config.loss_fn,
+                                           loss_fn_config=config.loss_fn_config).result().metrics
+        optim = ctx.training.optim_step(ctx.adam).result().metrics
+    train_seconds = time.perf_counter() - t1
+
+    turns = [t for r in rollouts for t in r.turns]
+    n_tokens = sum(len(t.tokens) for t in turns)
+    rewards = [r.reward for r in rollouts]
+    trained = fb.get("tokens:sum", 0.0)
+    metrics = StepMetrics(
+        step=step, epoch=epoch, reward=statistics.fmean(rewards), rewardStd=statistics.pstdev(rewards),
+        zeroVarianceGroups=zero_var / len(groups), rewardErrors=sum(r.failed for r in rollouts),
+        completionLength=n_tokens / len(rollouts),
+        clippedFraction=sum(t.stop_reason == "length" for t in turns) / max(1, len(turns)),
+        tokensPerSecond=n_tokens / sample_seconds if sample_seconds > 0 else 0.0,
+        stepSeconds=time.perf_counter() - t0, sampleSeconds=sample_seconds, trainSeconds=train_seconds,
+        datums=len(datums),
+        klSampleTrain=fb["kl_sample_train:sum"] / trained if trained else 0.0,
+        entropy=fb["entropy:sum"] / trained if trained else None,
+        loss=fb.get("loss:sum", 0.0), gradNorm=optim.get("grad_norm", 0.0), learningRate=config.learning_rate,
+        ppoClippedFraction=fb["clipped:sum"] / trained if config.loss_fn == "ppo" and trained else None,
+        klBase=statistics.fmean(kl_values) if kl_values else None,
+        **ctx.source.metrics(rollouts))
+    if ctx.log is not None:
+        ctx.log.write_rollouts(records)
+    return metrics

@@ -1,0 +1,113 @@
+"""The types of strop's one rollout pipeline, frozen once made. A single-turn problem is a one-turn episode, so
+GRPO on a dataset, GRPO in a tool-use environment and the evaluation of an environment share every one of them.
+
+    Turn         one reply of the model: the prompt it read (everything before, observations included), the
+                 tokens and logprobs it sampled, their text and why sampling stopped.
+    Rollout      one episode of one prompt or task: its turns in order, the reward and the scores behind it,
+                 the fallible calls it made (grader calls, or the environment) and what failed, the conversation
+                 as the model saw it, and what the environment reported at the end (state, info).
+    RolloutGroup the `group_size` rollouts of one prompt, compared with each other for their advantages.
+    types.Datum  what a rollout becomes for `forward_backward`: one per turn, prompt masked, sampled tokens
+                 carrying the rollout's advantage (strop.types; made by `strop.rl.rollouts.rollout_datums`).
+    StepMetrics  the row one training step writes to metrics.jsonl, TensorBoard and the store.
+
+    rollout = Rollout(turns=(Turn(prompt, tokens=(8, 9), logprobs=(-0.5, -0.3), text="12", stop_reason="stop"),),
+                      reward=1.0, scores={"correct": 1.0})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from strop.types import ModelInput
+
+RolloutGroup = tuple["Rollout", ...]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One reply: `prompt` is exactly what the sampler was given, so `logprobs` are the behaviour policy's."""
+
+    prompt: ModelInput
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str = ""
+    stop_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One episode. `checks` counts the calls that could fail (one per reward term of a scored reply, one per
+    environment episode) and `failed` those that did; `errors` says what went wrong, in order."""
+
+    turns: tuple[Turn, ...] = ()
+    reward: float = 0.0
+    scores: dict = field(default_factory=dict, hash=False)   # reward term -> its unweighted score
+    question: str = ""
+    gold: str = ""
+    task_id: str | None = None
+    messages: tuple[dict, ...] = ()   # the conversation as the model read it (observations capped)
+    checks: int = 0
+    failed: int = 0
+    errors: tuple[str, ...] = ()
+    parse_errors: int = 0             # replies in which no tool call could be read
+    state: dict = field(default_factory=dict, hash=False)
+    info: dict = field(default_factory=dict, hash=False)
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(len(t.tokens) for t in self.turns)
+
+    @property
+    def text(self) -> str:
+        """The last reply's text (a single-turn rollout's completion)."""
+        return self.turns[-1].text if self.turns else ""
+
+    def transcript(self) -> list[dict]:
+        return [dict(m) for m in self.messages]
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One step's metrics. Rewards are the step's means over rollouts; `terms` holds each reward term's
+    weighted mean (`reward/NAME`), `rubrics` the behaviour rubrics of environment episodes (`rubric/NAME`).
+    Lengths are sampled tokens per rollout; `clippedFraction` is the share of turns cut at the token limit."""
+
+    step: int
+    epoch: int
+    reward: float
+    rewardStd: float
+    zeroVarianceGroups: float
+    rewardErrors: int
+    completionLength: float
+    clippedFraction: float
+    tokensPerSecond: float
+    stepSeconds: float
+    sampleSeconds: float
+    trainSeconds: float
+    datums: int
+    klSampleTrain: float
+    entropy: float | None
+    loss: float
+    gradNorm: float
+    learningRate: float
+    terms: dict = field(default_factory=dict)
+    ppoClippedFraction: float | None = None
+    klBase: float | None = None
+    toolCallParseErrors: float | None = None   # environment episodes only
+    modelTurns: float | None = None            # environment episodes only
+    rubrics: dict = field(default_factory=dict)
+
+    def as_row(self) -> dict:
+        """The JSON row: every field by its name, `reward/NAME` and `rubric/NAME` flattened, absent optionals
+        left out."""
+        row = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if name == "terms":
+                row.update({f"reward/{k}": v for k, v in value.items()})
+            elif name == "rubrics":
+                row.update(value)
+            elif value is not None or name == "entropy":
+                row[name] = value
+        return row
