@@ -78,7 +78,7 @@ def run_strop(config: dict, channel: Channel) -> None:
     import torch
 
     import strop
-    from strop import model_info, types
+    from strop import model_info
     from strop.data import Row
     from strop.renderers import get_renderer
     from strop.rl.config import GRPOConfig

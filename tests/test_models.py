@@ -28,7 +28,7 @@ from strop.models import (
     select_model,
     selected_model,
 )
-from strop.models._atomic import staging_dir
+from strop.files import atomic_folder
 from strop.models.tiny import BUILD_MARKER, build_tiny_random
 from strop.tokenizer_utils import get_tokenizer
 
@@ -154,25 +154,35 @@ def test_stale_tiny_build_is_rebuilt(home):
     assert json.loads((path / BUILD_MARKER).read_text())["version"] != -1
 
 
-def test_staging_dir_leaves_nothing_behind_on_error(tmp_path):
+def test_atomic_folder_leaves_nothing_behind_on_error(tmp_path):
     dest = tmp_path / "model"
     with pytest.raises(RuntimeError):
-        with staging_dir(dest) as tmp:
+        with atomic_folder(dest) as tmp:
             (tmp / "config.json").write_text("{}")
             raise RuntimeError("crash mid-write")
     assert not dest.exists()
     assert list(tmp_path.iterdir()) == []
 
 
-def test_staging_dir_replaces_an_incomplete_copy(tmp_path):
+def test_atomic_folder_replaces_an_incomplete_copy(tmp_path):
     dest = tmp_path / "model"
     dest.mkdir()
     (dest / "config.json").write_text("{}")  # config but no weights: a leftover from something else
-    with staging_dir(dest) as tmp:
+    with atomic_folder(dest) as tmp:
         (tmp / "config.json").write_text('{"new": true}')
         (tmp / "model.safetensors").write_bytes(b"weights")
     assert json.loads((dest / "config.json").read_text()) == {"new": True}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_atomic_folder_can_keep_a_copy_already_in_place(tmp_path):
+    dest = tmp_path / "bundle"
+    dest.mkdir()
+    (dest / "reward.py").write_text("first")   # another worker's finished copy, which it may be reading
+    with atomic_folder(dest, replace=False) as tmp:
+        (tmp / "reward.py").write_text("second")
+    assert (dest / "reward.py").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
 
 
 # --- tiny random model -----------------------------------------------------------------------------------

@@ -13,10 +13,13 @@ descriptor (opened non-blocking, so even a file swapped for a FIFO in between ca
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import stat
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -158,3 +161,52 @@ def _tar_info(relative: str, full: Path) -> tarfile.TarInfo:
 
 __all__ = ["FileKindError", "kind_of", "check_regular", "open_regular", "FolderError", "folder_entries",
            "write_folder_tar", "folder_sha256", "SKIPPED_DIRS", "SKIPPED_SUFFIXES"]
+
+
+@contextlib.contextmanager
+def atomic_folder(dest: str | os.PathLike, *, replace: bool = True) -> Iterator[Path]:
+    """Write a folder all-or-nothing: the block fills a hidden sibling folder (same filesystem, so the last step
+    is one atomic rename), which then takes `dest`'s place. Had the block raised, `dest` is untouched and the
+    sibling gone; a crash leaves only a hidden `.NAME.partial-*` folder, never a half-written `dest`.
+
+        with atomic_folder(run_dir / "final") as tmp:
+            model.save_pretrained(tmp)
+
+    An existing `dest` is set aside first and removed after (`replace=True`), or kept and the new copy dropped
+    (`replace=False`, for content-addressed folders that another process may be reading). When another process
+    renames its finished copy into place between the two, that copy is kept. Files get the usual permissions
+    (umask; executables stay executable), not mkdtemp's owner-only ones."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    aside = tmp.with_name(tmp.name + "-old")
+    try:
+        yield tmp
+        mask = _umask()
+        os.chmod(tmp, 0o777 & ~mask)
+        for path in tmp.rglob("*"):
+            if path.is_symlink():
+                continue
+            executable = path.is_dir() or path.stat().st_mode & stat.S_IXUSR
+            os.chmod(path, (0o777 if executable else 0o666) & ~mask)
+        if dest.exists() and not replace:
+            return
+        if dest.exists():
+            with contextlib.suppress(FileNotFoundError):  # another process may be moving it too
+                os.rename(dest, aside)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not dest.is_dir():  # not another writer's finished copy: put back what was there, if anything
+                with contextlib.suppress(OSError):
+                    os.rename(aside, dest)
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only portable way to read the umask is to set it and put it back
+    os.umask(mask)
+    return mask

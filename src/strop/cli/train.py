@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from strop.cli.output import add_output_flags, emit, format_table, note
+from strop.cli.output import add_output_flags, emit, format_table
 from strop.errors import StropError
 from strop.rl.limits import LIMITS
 from strop.engine.losses import POLICY_LOSSES
@@ -122,10 +122,7 @@ def run(args) -> int:
             changed = sorted(k for k in set(saved) | set(config.to_dict()) if saved.get(k) != config.to_dict().get(k))
             raise StropError(f"{run_dir} holds a run with a different config (differs in {', '.join(changed)}); "
                              "resume it with the same flags, or choose another --run-dir")
-    def announce(folder, start_step):
-        note(f"run folder: {folder}" + (f" (resuming at step {start_step})" if start_step else ""))
-
-    result = run_grpo(config, run_dir, progress=not args.quiet, on_start=announce)
+    result = run_grpo(config, run_dir, progress=not args.quiet, announce=True)
     last = result.metrics[-1] if result.metrics else {}
     summary = {"runDir": str(result.run_dir), "steps": result.steps, "finalAdapter": str(result.final_adapter),
                "firstReward": result.metrics[0]["reward"] if result.metrics else None,

@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from strop.errors import StropError
+from strop.files import atomic_folder
 from strop.names import registry_name_problem, shown
 from strop.store import artifacts, open_store, session_scope
 from strop.store.schema import Bundle, BundleVersion, Dataset, DatasetVersion
@@ -159,16 +160,9 @@ def bundle_dir(ref: str) -> tuple[Path, dict]:
         shutil.rmtree(aside, ignore_errors=True)
     if not dest.exists():
         # two workers may unpack the same version at once: each unpacks into its own folder, and the one whose
-        # rename loses finds the winner's identical copy in place
-        mine = dest.with_name(f".{dest.name}.{os.getpid()}")
-        shutil.rmtree(mine, ignore_errors=True)
-        artifacts.extract_dir(version["sha256"], mine)
-        try:
-            os.rename(mine, dest)
-        except OSError:
-            if not dest.is_dir():
-                raise
-            shutil.rmtree(mine, ignore_errors=True)
+        # rename comes second keeps the first one's identical copy (another worker may be grading from it)
+        with atomic_folder(dest, replace=False) as mine:
+            artifacts.extract_dir(version["sha256"], mine)
     return dest, version
 
 

@@ -1,8 +1,8 @@
 """The background worker of one run: `python -m strop.control.worker RUN_ID`.
 
 It materialises what the run pinned (the dataset file and bundle folders, from the artifact store), builds the
-loop's config from the descriptor, and runs GRPO in $STROP_HOME/runs/RUN_ID, mirroring each metrics row and
-checkpoint into the store. SIGTERM (from `strop runs cancel`) stops it between steps' writes and marks the run
+loop's config from the descriptor, and runs GRPO in $STROP_HOME/runs/RUN_ID; a `RunMirror` copies each
+metrics row and checkpoint from the run's files into the store. SIGTERM (from `strop runs cancel`) stops it between steps' writes and marks the run
 cancelled; an exception marks it failed with the error; success registers the tuned model.
 """
 
@@ -14,10 +14,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from sqlalchemy import delete
-
 from strop.store import artifacts, open_store, session_scope
-from strop.store.schema import Checkpoint, Model, Run, RunStep, utcnow
+from strop.control.mirror import RunMirror
+from strop.store.schema import Model, Run, utcnow
 
 
 class Cancelled(BaseException):
@@ -139,25 +138,13 @@ def main(run_id: str) -> int:
         from strop.rl import run_grpo
         config = build_config(run, folder)
 
-        def on_start(_, start_step):
-            with session_scope(open_store()) as s:  # rows past the checkpoint we resume from are redone
-                s.execute(delete(RunStep).where(RunStep.run_id == run_id, RunStep.step >= start_step))
-                s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step > start_step))
-                s.get(Run, run_id).current_step = start_step
-
-        def on_step(row):
-            with session_scope(open_store()) as s:
-                s.add(RunStep(run_id=run_id, step=row["step"], metrics={k: v for k, v in row.items() if k != "step"}))
-                s.get(Run, run_id).current_step = row["step"] + 1
-
-        def on_checkpoint(step, path):
-            from strop.rl.checkpoints import MANIFEST, sha256_file
-            with session_scope(open_store()) as s:
-                s.add(Checkpoint(run_id=run_id, step=step, path=str(path), manifest_sha256=sha256_file(path / MANIFEST)))
-
         on_eval = evaluate_during(run, folder, config.max_completion_length) if config.eval_every else None
-        result = run_grpo(config, folder, progress=False, on_start=on_start, on_step=on_step,
-                          on_checkpoint=on_checkpoint, on_eval=on_eval)
+        mirror = RunMirror(run_id, folder)
+        try:
+            with mirror.following(every=1.0):  # the store copies the run's files; the loop knows nothing of it
+                result = run_grpo(config, folder, progress=False, on_eval=on_eval)
+        finally:
+            mirror.sync()  # every row and checkpoint written, whether the run finished, failed or was cancelled
         sha = artifacts.put_dir(result.final_adapter)
         with session_scope(open_store()) as s:
             model = Model(run_id=run_id, base_model=run.base_model, adapter_path=str(result.final_adapter),

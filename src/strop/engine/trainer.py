@@ -15,9 +15,6 @@ positions for backward up to HEAD_KEEP_BYTES a micro-batch and recomputes it pas
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import warnings
 from collections import Counter
 from contextlib import nullcontext
@@ -35,6 +32,7 @@ from strop.engine import lora_linear
 from strop.engine.resources import HEAD_CHUNK, HEAD_KEEP_BYTES, MAX_TOKENS_PER_MICRO_BATCH
 from strop.engine.sampler import AdapterWeights, cache_keyword
 from strop.errors import StropError
+from strop.files import atomic_folder
 from strop.engine.losses import LOSSES, sequence_loss
 from strop.engine.malloc import keep_freed_memory
 from strop.types import AdamParams, Datum, ForwardBackwardOutput, TensorData
@@ -202,24 +200,6 @@ def _repeated_prefix_rows(plan, targets_B_T) -> list[tuple[int, int, int]]:
         if owner != b and n and torch.equal(targets_B_T[b, :n], targets_B_T[owner, :n]):
             copies.append((b, owner, n))
     return copies
-
-
-def atomic_dir(final: Path):
-    """A temporary sibling folder to write into; `commit(tmp)` renames it over `final` in one step."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-
-
-def commit_dir(tmp: Path, final: Path) -> None:
-    final = Path(final)
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
 
 
 class LoraTrainer:
@@ -413,20 +393,18 @@ class LoraTrainer:
     def save_weights(self, path: str | Path) -> Path:
         """Write a PEFT adapter directory (adapter_config.json + adapter_model.safetensors), atomically."""
         path = Path(path)
-        tmp = atomic_dir(path)
-        self.model.save_pretrained(str(tmp))
-        commit_dir(tmp, path)
+        with atomic_folder(path) as tmp:
+            self.model.save_pretrained(str(tmp))
         return path
 
     def save_state(self, path: str | Path) -> Path:
         """Adapter weights plus optimizer state and step count: everything `load_state` needs to continue."""
         path = Path(path)
-        tmp = atomic_dir(path)
-        self.model.save_pretrained(str(tmp))
-        torch.save({"optimizer": self.optimizer.state_dict() if self.optimizer else None}, tmp / "optimizer.pt")
-        (tmp / "trainer.json").write_text(json.dumps({"steps": self.steps, "model_dir": self.model_dir,
-                                                       "rank": self.config.r, "alpha": self.config.lora_alpha}))
-        commit_dir(tmp, path)
+        with atomic_folder(path) as tmp:
+            self.model.save_pretrained(str(tmp))
+            torch.save({"optimizer": self.optimizer.state_dict() if self.optimizer else None}, tmp / "optimizer.pt")
+            (tmp / "trainer.json").write_text(json.dumps({"steps": self.steps, "model_dir": self.model_dir,
+                                                           "rank": self.config.r, "alpha": self.config.lora_alpha}))
         return path
 
     def load_state(self, path: str | Path, with_optimizer: bool = True) -> None:

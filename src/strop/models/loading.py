@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from strop.errors import ModelNotFoundError
-from strop.models._atomic import staging_dir
+from strop.files import atomic_folder
 from strop.models.catalog import (
     DEFAULT_MODEL,
     SELECTION_FILE,
@@ -194,7 +194,7 @@ def _from_hub(repo_id: str, dest: Path, *, download: bool, tried: list) -> Path 
         return None
     _say(f"downloading {repo_id} from the Hugging Face Hub into {dest} ...")
     try:
-        with staging_dir(dest) as tmp:
+        with atomic_folder(dest) as tmp:
             snapshot_download(
                 repo_id,
                 local_dir=tmp,

@@ -24,7 +24,7 @@ import itertools
 import json
 from pathlib import Path
 
-from strop.models._atomic import staging_dir
+from strop.files import atomic_folder
 
 # Bump when anything below changes what gets written, so caches built by an older strop are rebuilt.
 TINY_BUILD_VERSION = 1
@@ -193,7 +193,7 @@ def build_tiny_random(dest: Path) -> Path:
     dest = Path(dest)
     if (dest / "config.json").exists():
         raise FileExistsError(f"build_tiny_random: {dest} already holds a model; delete it first to rebuild it.")
-    with staging_dir(dest) as tmp:
+    with atomic_folder(dest) as tmp:
         tokenizer = _build_tokenizer()
         model = _build_model(len(tokenizer))
         from transformers.utils import logging as hf_logging

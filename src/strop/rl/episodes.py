@@ -25,7 +25,6 @@ from strop.data import Row
 from strop.envs import get_env
 from strop.envs.base import Observation, StepResult, Task
 from strop.envs.rubrics import rubric_metrics
-from strop.renderers import get_text_content
 from strop.renderers.tools import STOP, parse_tool_calls
 from strop.rl.types import Rollout, Turn
 from strop.scoring import score_terms

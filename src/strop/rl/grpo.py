@@ -108,33 +108,25 @@ class StepBatches:
 
 
 def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient | None = None,
-             progress: bool = True, rows: list[Row] | None = None, on_start=None, on_step=None,
-             on_checkpoint=None, on_eval=None) -> RunResult:
-    """Train, writing into `run_dir`. `on_start(run_dir, start_step)` is called once the run folder exists,
-    `on_step(metrics_row)` after each step's row is written and `on_checkpoint(step, path)` after each
-    checkpoint (the control plane copies both into its store). With `config.eval_every`, `on_eval(steps_done,
+             progress: bool = True, rows: list[Row] | None = None, announce: bool = False, on_eval=None) -> RunResult:
+    """Train, writing into `run_dir` (whoever watches the run reads its files: metrics.jsonl after each step,
+    checkpoints/*/manifest.json after each checkpoint). With `config.eval_every`, `on_eval(steps_done,
     training_client, renderer)` runs every that many steps, before the last one (whoever runs the loop
-    evaluates the final model)."""
+    evaluates the final model). `announce` prints the run folder to stderr once it exists (and the step a
+    resumed run starts at)."""
     sandbox = None
     if config.sandbox_graders and any(not str(t.get("grader", "")).startswith("builtin:") for t in config.reward_terms):
         sandbox = SandboxPool(timeout=config.grader_timeout, memory_mb=config.grader_memory_mb, hide=[run_dir])
     try:
         return _run_grpo(config, Path(run_dir), sandbox, service=service, progress=progress, rows=rows,
-                         hooks=Hooks(on_start, on_step, on_checkpoint, on_eval))
+                         announce=announce, on_eval=on_eval)
     finally:
         if sandbox is not None:
             sandbox.close()
 
 
-@dataclass(frozen=True)
-class Hooks:
-    on_start: object = None
-    on_step: object = None
-    on_checkpoint: object = None
-    on_eval: object = None
-
-
-def _run_grpo(config: GRPOConfig, run_dir: Path, sandbox, *, service, progress, rows, hooks: Hooks) -> RunResult:
+def _run_grpo(config: GRPOConfig, run_dir: Path, sandbox, *, service, progress, rows, announce,
+              on_eval) -> RunResult:
     """The data (rows, or an environment's tasks), then `_train`; the environments are closed at the end."""
     # everything that can fail on bad input happens before the run folder exists: nothing half-written
     pool = None
@@ -147,14 +139,15 @@ def _run_grpo(config: GRPOConfig, run_dir: Path, sandbox, *, service, progress, 
     try:
         if not items:
             raise StropError(f"dataset {config.dataset!r} has no rows to train on")
-        return _train(config, run_dir, items, pool, sandbox, service=service, progress=progress, hooks=hooks)
+        return _train(config, run_dir, items, pool, sandbox, service=service, progress=progress, announce=announce,
+                      on_eval=on_eval)
     finally:
         if pool is not None:
             pool.close()
 
 
-def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, service, progress,
-           hooks: Hooks) -> RunResult:
+def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, service, progress, announce,
+           on_eval) -> RunResult:
     service = service or ServiceClient(sampler_dtype=config.sampler_dtype)
     training = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
                                                    alpha=config.lora_alpha, seed=config.seed,
@@ -180,8 +173,8 @@ def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, ser
         start_step, path = found
         training.load_state(str(path)).result()
     config.save(run_dir / "config.json")
-    if hooks.on_start is not None:
-        hooks.on_start(run_dir, start_step)
+    if announce:
+        print(f"run folder: {run_dir}" + (f" (resuming at step {start_step})" if start_step else ""), file=sys.stderr)
     batches = StepBatches(len(items), config)
     log = RunLog(run_dir, start_step=start_step)
     ctx = StepContext(config=config, training=training, renderer=renderer, source=source, adam=adam_params(config),
@@ -191,19 +184,15 @@ def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, ser
         for step in range(start_step, len(batches)):
             row = train_step(ctx, step, [items[i] for i in batches[step]], batches.pass_of(step)).as_row()
             log.write_step(row)
-            if hooks.on_step is not None:
-                hooks.on_step(row)
             if bar is not None:
                 bar.set_postfix(reward=f"{row['reward']:.3f}", zvg=f"{row['zeroVarianceGroups']:.2f}",
                                 len=f"{row['completionLength']:.0f}", s=f"{row['stepSeconds']:.1f}")
                 bar.update(1)
-            if hooks.on_eval is not None and config.eval_every and (step + 1) % config.eval_every == 0 \
+            if on_eval is not None and config.eval_every and (step + 1) % config.eval_every == 0 \
                     and step + 1 < len(batches):
-                hooks.on_eval(step + 1, training, renderer)
+                on_eval(step + 1, training, renderer)
             if (step + 1) % config.save_every == 0 or step + 1 == len(batches):
-                path = checkpoints.save(training, run_dir, step + 1, config.keep_adapters)
-                if hooks.on_checkpoint is not None:
-                    hooks.on_checkpoint(step + 1, path)
+                checkpoints.save(training, run_dir, step + 1, config.keep_adapters)
     finally:
         log.close()
         if bar is not None:

@@ -32,7 +32,6 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
 import tarfile
 import tempfile
 import time
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Iterator
 
 from strop.errors import StropError
-from strop.files import FileKindError, FolderError, folder_sha256, open_regular, write_folder_tar
+from strop.files import FileKindError, FolderError, atomic_folder, folder_sha256, open_regular, write_folder_tar
 from strop.paths import strop_home
 
 CHUNK = 1 << 20
@@ -143,9 +142,7 @@ def extract_dir(sha256: str, dest: str | os.PathLike) -> Path:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ArtifactError(f"cannot extract artifact {sha256[:12]} into {str(target)!r}: it exists and is not an "
                             f"empty folder. Pass a new folder's path.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    try:
+    with atomic_folder(target) as staging:
         try:
             with tarfile.open(source, mode="r:") as tar:
                 # "data" refuses absolute paths, '..', links out of the folder and device files (3.11.4+).
@@ -157,12 +154,6 @@ def extract_dir(sha256: str, dest: str | os.PathLike) -> Path:
         now = time.time()
         for item in staging.rglob("*"):
             os.utime(item, (now, now), follow_symlinks=False)
-        if target.exists():
-            target.rmdir()
-        os.rename(staging, target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
