@@ -274,3 +274,46 @@ def test_load_descriptor_file_problems(tmp_path):
         load_descriptor(twice)
     assert caught.value.problems == ["$.config.rlHyperparams.groupSize: given 2 times; give it once (got 4 and 8)"]
     assert str(twice) in str(caught.value).splitlines()[0]
+
+
+# What of a descriptor is not a loop setting: who runs it, where its data and rewards come from (resolved by the
+# control plane before the loop sees them), how many GPUs (read by admission).
+NOT_LOOP_SETTINGS = {"$.kind", "$.project", "$.configName", "$.config.dataset", "$.config.method",
+                     "$.config.environment", "$.config.reward.terms", "$.execution.gpus"}
+
+
+def _leaves(data, path="$"):
+    if isinstance(data, dict) and data and path not in NOT_LOOP_SETTINGS:
+        for key, value in data.items():
+            yield from _leaves(value, f"{path}.{key}")
+    else:
+        yield path
+
+
+def test_every_descriptor_setting_reaches_the_one_run_config():
+    """A descriptor setting the loop never reads would be silently dropped: each leaf is a GRPOConfig field's
+    path, or named above as not the loop's; the value read is the value given."""
+    data = seed()
+    data["config"]["evalEvery"] = 5
+    data["config"]["rlHyperparams"]["maxSteps"] = 7
+    data["config"]["rlHyperparams"]["lora"]["targetModules"] = ["q_proj"]
+    run = validate_descriptor(data)
+    paths = GRPOConfig.descriptor_paths()
+    leaves = set(_leaves(run.to_dict()))
+    assert leaves - NOT_LOOP_SETTINGS <= set(paths.values()), sorted(leaves - NOT_LOOP_SETTINGS - set(paths.values()))
+    config = run.to_grpo_config("x.jsonl", [{"name": "c", "weight": 1.0, "grader": "builtin:gsm8k"}])
+    hp = data["config"]["rlHyperparams"]
+    assert (config.group_size, config.max_steps, config.lora_target_modules, config.eval_every) == \
+        (hp["groupSize"], 7, ["q_proj"], 5)
+    assert config.learning_rate == hp["optimizer"]["learningRate"] and config.save_every == data["execution"]["saveEvery"]
+
+
+def test_the_one_validator_names_problems_in_each_front_ends_words():
+    problems = dict(GRPOConfig.problems_of({"group_size": 1, "lerning_rate": 0.1}))
+    assert "did you mean 'learning_rate'?" in problems["lerning_rate"]
+    run = validate_descriptor(seed())
+    with pytest.raises(DescriptorError) as caught:   # a value only the loop refuses comes back as a JSON path
+        run.to_grpo_config("x.jsonl", [{"name": "c", "weight": 1.0, "grader": "builtin:gsm8k"}], loss_fn="nope")
+    assert "loss_fn: must be one of" in str(caught.value)
+    with pytest.raises(DescriptorError, match=r"\$\.config\.rlHyperparams\.groupSize: must be an integer from 2"):
+        run.to_grpo_config("x.jsonl", [{"name": "c", "weight": 1.0, "grader": "builtin:gsm8k"}], group_size=1)

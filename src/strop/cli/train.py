@@ -6,15 +6,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
 
 from strop.cli.output import add_output_flags, emit, format_table
 from strop.errors import StropError
-from strop.rl.limits import LIMITS
-from strop.engine.losses import POLICY_LOSSES
+from strop.rl.config import LOSS_FNS, GRPOConfig
 
 
 def register(nouns) -> None:
@@ -50,7 +48,7 @@ def register(nouns) -> None:
     p.add_argument("--rank", type=int, default=32, help="LoRA rank (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
     p.add_argument("--kl-beta", type=float, default=0.0, help="KL penalty to the base model (default: %(default)s)")
-    p.add_argument("--loss", default="importance_sampling", choices=POLICY_LOSSES,
+    p.add_argument("--loss", default="importance_sampling", choices=LOSS_FNS,
                    help="policy loss (default: %(default)s)")
     p.add_argument("--scale-by-std", action="store_true", help="divide advantages by the group's reward std")
     p.add_argument("--system-prompt", help="system message before each question")
@@ -64,27 +62,36 @@ def register(nouns) -> None:
     p.set_defaults(handler=run)
 
 
-# flag -> the GRPOConfig field it sets; each is checked against that field's range in strop.rl.limits (the table
-# the run descriptor and GRPOConfig use) before anything loads, and a refusal names the flag
-FLAG_FIELDS = {"--limit": "dataset_limit", "--steps": "max_steps", "--epochs": "epochs", "--group-size": "group_size",
-               "--batch-size": "batch_size", "--max-tokens": "max_completion_length", "--lr": "learning_rate",
-               "--rank": "lora_rank", "--temperature": "temperature", "--kl-beta": "kl_beta",
-               "--save-every": "save_every", "--keep-adapters": "keep_adapters", "--seed": "seed"}
+# flag -> the GRPOConfig field it sets; the flags are checked by the run config's one validator
+# (GRPOConfig.problems_of, the one the run descriptor and the Python API use) before anything loads, and a
+# refusal names the flag
+FLAG_FIELDS = {"--base-model": "base_model", "--dataset": "dataset", "--limit": "dataset_limit", "--steps": "max_steps",
+               "--epochs": "epochs", "--group-size": "group_size", "--batch-size": "batch_size",
+               "--max-tokens": "max_completion_length", "--lr": "learning_rate", "--rank": "lora_rank",
+               "--temperature": "temperature", "--kl-beta": "kl_beta", "--loss": "loss_fn",
+               "--scale-by-std": "scale_by_std", "--system-prompt": "system_prompt",
+               "--question-suffix": "question_suffix", "--save-every": "save_every",
+               "--keep-adapters": "keep_adapters", "--seed": "seed"}
+
+
+def config_values(args, rewards: list[dict]) -> dict:
+    """The run config's values the flags give (a flag left out keeps the config's default)."""
+    values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in FLAG_FIELDS.items()}
+    return {**{k: v for k, v in values.items() if v is not None}, "reward_terms": rewards}
 
 
 def flag_problems(args, rewards: list[dict]) -> list[str]:
     """'--group-size (group_size): must be an integer from 2 to 1,024 (got ...); why' for each flag out of range."""
+    flags = {field: flag for flag, field in FLAG_FIELDS.items()}
     problems = []
-    for flag, field in FLAG_FIELDS.items():
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            problem = dataclasses.replace(LIMITS[field], optional=False).problem(value)
-            if problem:
-                problems.append(f"{flag} ({field}): {problem}")
-    for spec, term in zip(args.reward or [], rewards):
-        problem = LIMITS["reward_weight"].problem(term["weight"])
-        if problem:
+    for name, problem in GRPOConfig.problems_of(config_values(args, rewards)):
+        if name in flags:
+            problems.append(f"{flags[name]} ({name}): {problem}")
+        elif name.startswith("reward_terms[") and args.reward:
+            spec = args.reward[int(name[len("reward_terms["):name.index("]")])]
             problems.append(f"--reward {spec[:80]!r}: the weight {problem}")
+        else:
+            problems.append(f"{name}: {problem}")
     return problems
 
 
@@ -102,19 +109,13 @@ def parse_reward(spec: str) -> dict:
 
 def run(args) -> int:
     from strop.paths import runs_dir, safe_name
-    from strop.rl import GRPOConfig, run_grpo
+    from strop.rl import run_grpo
 
     rewards = [parse_reward(s) for s in (args.reward or ["builtin:gsm8k"])]
     problems = flag_problems(args, rewards)
     if problems:
         raise StropError("invalid flags:\n  " + "\n  ".join(problems))
-    config = GRPOConfig(
-        base_model=args.base_model, dataset=args.dataset, dataset_limit=args.limit, reward_terms=rewards,
-        group_size=args.group_size, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.steps,
-        learning_rate=args.lr, lora_rank=args.rank, temperature=args.temperature,
-        max_completion_length=args.max_tokens, kl_beta=args.kl_beta, loss_fn=args.loss,
-        scale_by_std=args.scale_by_std, system_prompt=args.system_prompt, question_suffix=args.question_suffix,
-        save_every=args.save_every, keep_adapters=args.keep_adapters, seed=args.seed)
+    config = GRPOConfig(**config_values(args, rewards))
     run_dir = args.run_dir or runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe_name(args.base_model)}"
     if run_dir.exists() and (run_dir / "config.json").exists():
         saved = json.loads((run_dir / "config.json").read_text())

@@ -263,36 +263,38 @@ class RunDescriptor(_Strict):
 
         `overrides` set GRPOConfig fields the descriptor has no place for (seed, system_prompt, ...).
         """
-        hp, known = self.config.rl_hyperparams, {f.name for f in dataclass_fields(GRPOConfig)}
-        reward, env = self.config.reward or RewardSpec(terms=[RewardTermSpec(kind="rule", weight=1.0,
-                                                                           bundle="builtin:gsm8k")]), self.config.environment
-        values: dict[str, Any] = dict(
-            base_model=self.base_model, dataset=dataset or "synthetic:add",
+        env = self.config.environment
+        data, paths = self.to_dict(), GRPOConfig.descriptor_paths()
+        # every setting the descriptor and the loop share, read by its path (GRPOConfig names each field's path:
+        # one table, not a copy by hand); a descriptor without reward terms keeps the loop's defaults for them
+        values: dict[str, Any] = {name: found for name, path in paths.items()
+                                  if (found := _at(data, path)) is not _ABSENT}
+        values.update(
+            dataset=dataset or "synthetic:add",
             reward_terms=list(reward_terms) or [{"name": "unused", "weight": 1.0, "grader": "builtin:gsm8k"}],
-            environment=None if env is None else {"name": env.name, "options": dict(env.options), "split": env.split},
-            epochs=hp.epochs, max_steps=hp.max_steps, group_size=hp.group_size, batch_size=hp.batch_size,
-            kl_beta=hp.kl_beta, temperature=hp.temperature, max_completion_length=hp.max_completion_length,
-            lora_rank=hp.lora.rank, lora_alpha=hp.lora.alpha, learning_rate=hp.optimizer.learning_rate,
-            weight_decay=hp.optimizer.weight_decay, grad_clip_norm=hp.optimizer.grad_clip_norm,
-            max_seq_length=self.config.max_seq_length, save_every=self.execution.save_every,
-            keep_adapters=self.execution.keep_adapters,
-            max_reward_error_fraction=reward.max_error_fraction,
-            grader_timeout=reward.timeout_seconds, grader_memory_mb=reward.memory_mb,
-        )
-        # Settings the loop may not take yet: passed on when it does, refused (never dropped) when it does not.
-        unsupported = []
-        for name, path, value in (("lora_target_modules", "rlHyperparams.lora.targetModules", hp.lora.target_modules),
-                                  ("eval_every", "evalEvery", self.config.eval_every)):
-            if value is not None and name in known:
-                values[name] = value
-            elif value is not None:
-                unsupported.append(f"$.config.{path}: this version's training loop has no {name} setting; remove it")
-        if unsupported:
-            raise DescriptorError("run descriptor cannot be run:\n  " + "\n  ".join(unsupported), unsupported)
-        wrong = sorted(set(overrides) - known)
+            environment=None if env is None else {"name": env.name, "options": dict(env.options), "split": env.split})
+        wrong = sorted(set(overrides) - {f.name for f in dataclass_fields(GRPOConfig)})
         if wrong:
-            raise StropError(f"unknown training config overrides {wrong}; known fields: {', '.join(sorted(known))}")
-        return GRPOConfig(**{**values, **overrides})
+            raise StropError(f"unknown training config overrides {wrong}; known fields: "
+                             f"{', '.join(sorted(f.name for f in dataclass_fields(GRPOConfig)))}")
+        values.update(overrides)
+        problems = [f"{paths.get(name, name)}: {problem}" for name, problem in GRPOConfig.problems_of(values)]
+        if problems:
+            raise DescriptorError("run descriptor cannot be run:\n  " + "\n  ".join(problems), problems)
+        return GRPOConfig(**values)
+
+
+_ABSENT = object()
+
+
+def _at(data: Any, path: str) -> Any:
+    """The value at a JSON path like `$.config.rlHyperparams.groupSize` (_ABSENT where a part is missing or null
+    on the way)."""
+    for key in path.removeprefix("$.").split("."):
+        if not isinstance(data, dict) or key not in data:
+            return _ABSENT
+        data = data[key]
+    return data
 
 
 # --- validation and its messages -------------------------------------------------------------------------

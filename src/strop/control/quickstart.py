@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from strop.errors import StropError
+from strop.rl.config import GRPOConfig
+from strop.rl.limits import LIMITS
 
 MANIFEST = "quickstart.json"
 
@@ -48,6 +50,10 @@ class QuickstartOptions:
     request_timeout: float = 120.0
 
 
+# quickstart option -> the run config field it sets
+TRAINING = {"steps": "max_steps", "group_size": "group_size", "batch_size": "batch_size",
+            "max_tokens": "max_completion_length", "lora_rank": "lora_rank", "learning_rate": "learning_rate"}
+
 # What quickstart writes under --out (besides quickstart.json); an existing one is never overwritten.
 OWN_FILES = ("data/train.jsonl", "data/eval.jsonl", "run.json", "report/report.html", "report/dashboard.png",
              "report/training.png", "report/comparison.json")
@@ -66,16 +72,21 @@ def _check(o: QuickstartOptions) -> None:
     """Every flag checked before anything is made; all the problems named at once."""
     from strop.evals.openai_client import parse_openai_ref
     problems = []
-    for name in ("steps", "eval_n", "group_size", "batch_size", "max_tokens", "lora_rank", "concurrency"):
-        if getattr(o, name) < (2 if name == "group_size" else 1):
-            problems.append(f"--{name.replace('_', '-')} must be at least {2 if name == 'group_size' else 1}, "
-                            f"got {getattr(o, name)}")
+    # the training flags are checked by the run config's one validator (the run quickstart starts is checked by it
+    # again, through its descriptor); quickstart's own options here
+    for name, problem in GRPOConfig.problems_of({field: getattr(o, option) for option, field in TRAINING.items()}):
+        option = next(option for option, field in TRAINING.items() if field == name)
+        least, value = LIMITS[name].least, getattr(o, option)
+        flag = f"--{option.replace('_', '-')}"
+        problems.append(f"{flag} must be at least {least}, got {value}" if LIMITS[name].integer and value < least
+                        else f"{flag} ({name}): {problem}")
+    for name in ("eval_n", "concurrency"):
+        if getattr(o, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(o, name)}")
     if o.max_retries < 0:
         problems.append(f"--max-retries must be 0 or more, got {o.max_retries}")
     if not o.request_timeout > 0:
         problems.append(f"--timeout must be more than 0 seconds, got {o.request_timeout}")
-    if not 0 < o.learning_rate < 1:
-        problems.append(f"--learning-rate must be between 0 and 1, got {o.learning_rate}")
     for flag, ref in (("--baseline", o.baseline), ("--judge", o.judge)):
         if ref is not None and (flag == "--baseline" or ref.startswith("openai:")):
             try:

@@ -2,8 +2,9 @@
 
 It materialises what the run pinned (the dataset file and bundle folders, from the artifact store), builds the
 loop's config from the descriptor, and runs GRPO in $STROP_HOME/runs/RUN_ID; a `RunMirror` copies each
-metrics row and checkpoint from the run's files into the store. SIGTERM (from `strop runs cancel`) stops it between steps' writes and marks the run
-cancelled; an exception marks it failed with the error; success registers the tuned model.
+metrics row and checkpoint from the run's files into the store. SIGTERM (from `strop runs cancel`) stops it
+between steps' writes and marks the run cancelled; an exception marks it failed with the error; success
+registers the tuned model.
 """
 
 from __future__ import annotations
@@ -14,9 +15,20 @@ import sys
 import traceback
 from pathlib import Path
 
-from strop.store import artifacts, open_store, session_scope
+from sqlalchemy import select as sql_select
+
+from strop import model_info
+from strop.control import evaluations, projects, registry
+from strop.control.descriptor import validate_descriptor
+from strop.control.eval_worker import grader_ref
 from strop.control.mirror import RunMirror
-from strop.store.schema import Model, Run, utcnow
+from strop.control.runs import run_dir
+from strop.data import load_rows
+from strop.evals import evaluate_sampler
+from strop.rl import run_grpo
+from strop.rl.checkpoints import sha256_file
+from strop.store import artifacts, open_store, session_scope
+from strop.store.schema import Dataset, DatasetVersion, Evaluation, EvaluationItem, Model, Run, utcnow
 
 
 class Cancelled(BaseException):
@@ -36,10 +48,6 @@ def _set(run_id: str, **fields) -> None:
 
 def build_config(run: Run, folder: Path):
     """The GRPOConfig of a run, with its pinned dataset and bundles materialised locally."""
-    from strop import model_info
-    from strop.control import registry
-    from strop.control.descriptor import validate_descriptor
-    from strop.rl.checkpoints import sha256_file
     descriptor = validate_descriptor(run.descriptor)
     if "environment" in run.pinned:
         return descriptor.to_grpo_config(None, [], base_model=run.pinned["baseModel"]["path"],
@@ -73,13 +81,6 @@ def build_config(run: Run, folder: Path):
 def evaluate_during(run: Run, folder: Path, max_tokens: int):
     """The on_eval hook: the project's evaluation of the weights as they are at a step, run in this process
     (training waits for it) and stored as a finished evaluation tied to the run and step."""
-    from sqlalchemy import select as sql_select
-
-    from strop.control import projects, registry
-    from strop.control.eval_worker import grader_ref
-    from strop.data import load_rows
-    from strop.evals import evaluate_sampler
-    from strop.store.schema import Dataset, DatasetVersion, Evaluation, EvaluationItem
     settings = projects.get(run.pinned["project"])["evaluation"]
     path, version = registry.dataset_file(settings["dataset"])
     rows_path = folder / f"eval-dataset{Path(version['source'] or 'rows.jsonl').suffix or '.jsonl'}"
@@ -111,7 +112,6 @@ def evaluate_during(run: Run, folder: Path, max_tokens: int):
 def evaluate_at_end(run: Run, model_id: str, step: int, max_tokens: int) -> None:
     """Start the project's evaluation of the tuned model, when the project has one; a failure to start it is
     logged, not fatal: the run itself succeeded."""
-    from strop.control import evaluations, projects
     try:
         settings = projects.get(run.pinned["project"])["evaluation"]
         if settings["dataset"] and settings["grader"]:
@@ -124,7 +124,6 @@ def evaluate_at_end(run: Run, model_id: str, step: int, max_tokens: int) -> None
 
 def main(run_id: str) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
-    from strop.control.runs import run_dir
     with session_scope(open_store()) as s:
         run = s.get(Run, run_id)
         if run is None:
@@ -135,7 +134,6 @@ def main(run_id: str) -> int:
         s.expunge(run)
     folder = run_dir(run_id)
     try:
-        from strop.rl import run_grpo
         config = build_config(run, folder)
 
         on_eval = evaluate_during(run, folder, config.max_completion_length) if config.eval_every else None

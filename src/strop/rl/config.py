@@ -8,8 +8,9 @@ would be accepted, and `__post_init__` raises them together as one StropError.
 
 from __future__ import annotations
 
+import difflib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 import math
 from pathlib import Path
 
@@ -20,16 +21,21 @@ from strop.rl.limits import LIMITS
 LOSS_FNS = POLICY_LOSSES  # the engine's policy-gradient losses (strop.engine.losses)
 
 
-def _help(text: str, default=None, factory=None):
+def _help(text: str, default=None, factory=None, descriptor: str | None = None):
+    """A field with its help text and, when a run descriptor sets it, the descriptor's JSON path."""
+    metadata = {"help": text, **({"descriptor": "$." + descriptor} if descriptor else {})}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": text})
-    return field(default=default, metadata={"help": text})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+_HP = "config.rlHyperparams."
 
 
 @dataclass
 class GRPOConfig:
     base_model: str = _help("base model: a catalog id, hub id, local HF directory or strop/tiny-random",
-                            "HuggingFaceTB/SmolLM2-135M-Instruct")
+                            "HuggingFaceTB/SmolLM2-135M-Instruct", descriptor="baseModel")
     dataset: str = _help("rows to train on: synthetic[:LEVEL], gsm8k, or a .jsonl/.json/.parquet file", "synthetic:add")
     dataset_limit: int | None = _help("use only the first N rows (None: all)", None)
     reward_terms: list = _help('reward terms: [{"name": ..., "weight": ..., "grader": "builtin:gsm8k" | PATH#MODULE:FUNCTION}]',
@@ -37,22 +43,30 @@ class GRPOConfig:
     environment: dict | None = _help('a tool-use environment instead of a dataset: {"name": "finance-sql", '
                                      '"options": {...}, "split": "train"}; episodes of several turns, rewarded by '
                                      'the environment', None)
-    group_size: int = _help("completions sampled per prompt; GRPO compares them with each other", 8)
-    batch_size: int = _help("prompts per step", 8)
-    epochs: int = _help("passes over the dataset when max_steps is None", 1)
+    group_size: int = _help("completions sampled per prompt; GRPO compares them with each other", 8,
+                            descriptor=_HP + "groupSize")
+    batch_size: int = _help("prompts per step", 8, descriptor=_HP + "batchSize")
+    epochs: int = _help("passes over the dataset when max_steps is None", 1, descriptor=_HP + "epochs")
     max_steps: int | None = _help("the number of steps: the rows are reshuffled each pass until it is reached, "
-                                  "epochs notwithstanding (None: `epochs` passes)", None)
-    learning_rate: float = _help("AdamW learning rate for the LoRA weights", 1e-4)
-    weight_decay: float = _help("AdamW weight decay", 0.0)
-    grad_clip_norm: float = _help("clip the gradient to this global norm (0: no clipping)", 1.0)
-    lora_rank: int = _help("LoRA rank", 32)
-    lora_alpha: float | None = _help("LoRA alpha (None: equal to the rank, a scale of 1)", None)
-    lora_target_modules: list | None = _help("module names LoRA adapts (None: every attention and MLP projection)", None)
-    temperature: float = _help("sampling temperature; logprobs are exact behaviour-policy logprobs only at 1.0", 1.0)
+                                  "epochs notwithstanding (None: `epochs` passes)", None, descriptor=_HP + "maxSteps")
+    learning_rate: float = _help("AdamW learning rate for the LoRA weights", 1e-4,
+                                 descriptor=_HP + "optimizer.learningRate")
+    weight_decay: float = _help("AdamW weight decay", 0.0, descriptor=_HP + "optimizer.weightDecay")
+    grad_clip_norm: float = _help("clip the gradient to this global norm (0: no clipping)", 1.0,
+                                  descriptor=_HP + "optimizer.gradClipNorm")
+    lora_rank: int = _help("LoRA rank", 32, descriptor=_HP + "lora.rank")
+    lora_alpha: float | None = _help("LoRA alpha (None: equal to the rank, a scale of 1)", None,
+                                     descriptor=_HP + "lora.alpha")
+    lora_target_modules: list | None = _help("module names LoRA adapts (None: every attention and MLP projection)", None,
+                                             descriptor=_HP + "lora.targetModules")
+    temperature: float = _help("sampling temperature; logprobs are exact behaviour-policy logprobs only at 1.0", 1.0,
+                               descriptor=_HP + "temperature")
     top_p: float = _help("nucleus sampling mass", 1.0)
-    max_completion_length: int = _help("most tokens per completion", 256)
-    max_seq_length: int | None = _help("refuse prompts longer than this minus max_completion_length", None)
-    kl_beta: float = _help("weight of the KL penalty to the base model (adapter off); 0 disables it", 0.0)
+    max_completion_length: int = _help("most tokens per completion", 256, descriptor=_HP + "maxCompletionLength")
+    max_seq_length: int | None = _help("refuse prompts longer than this minus max_completion_length", None,
+                                       descriptor="config.maxSeqLength")
+    kl_beta: float = _help("weight of the KL penalty to the base model (adapter off); 0 disables it", 0.0,
+                           descriptor=_HP + "klBeta")
     scale_by_std: bool = _help("divide group-centred advantages by the group's reward std", False)
     loss_fn: str = _help(f"policy loss: one of {', '.join(LOSS_FNS)}", "importance_sampling")
     loss_fn_config: dict = _help("loss options, e.g. {'clip_low_threshold': 0.8, 'clip_high_threshold': 1.2}", factory=dict)
@@ -63,15 +77,18 @@ class GRPOConfig:
                                   "no network, read-only files, time and memory limits, no secrets); built-in "
                                   "graders always run in-process", True)
     grader_timeout: float = _help("seconds a sandboxed grader call may take before it scores 0 and its processes "
-                                  "are killed", 10.0)
+                                  "are killed", 10.0, descriptor="config.reward.timeoutSeconds")
     grader_memory_mb: int = _help("memory limit of a grader's processes together where cgroups allow, and of each "
-                                  "process's address space in any case, in MiB", 2048)
+                                  "process's address space in any case, in MiB", 2048,
+                                  descriptor="config.reward.memoryMb")
     max_reward_error_fraction: float = _help("fail the run when more than this fraction of a step's grader calls "
-                                             "fail (raise, hang, crash, non-number)", 0.5)
+                                             "fail (raise, hang, crash, non-number)", 0.5,
+                                             descriptor="config.reward.maxErrorFraction")
     eval_every: int | None = _help("call the run's evaluation hook every N steps (control-plane runs evaluate on their "
-                                   "project's evaluation dataset); None: never", None)
-    save_every: int = _help("checkpoint every N steps (the last step is always saved)", 10)
-    keep_adapters: int = _help("checkpoints to keep", 4)
+                                   "project's evaluation dataset); None: never", None, descriptor="config.evalEvery")
+    save_every: int = _help("checkpoint every N steps (the last step is always saved)", 10,
+                            descriptor="execution.saveEvery")
+    keep_adapters: int = _help("checkpoints to keep", 4, descriptor="execution.keepAdapters")
     seed: int = _help("seed for data order, LoRA init and sampling", 0)
     sampler_dtype: str = _help("dtype of the sampling engine: float32 or bfloat16 (on CPU, bfloat16 measured 3x "
                                                 "slower than float32 with torch 2.13; it is for GPUs)", "float32")
@@ -83,37 +100,63 @@ class GRPOConfig:
         if problems:
             raise StropError("invalid training config:\n  " + "\n  ".join(problems))
 
+    @classmethod
+    def problems_of(cls, values: dict) -> list[tuple[str, str]]:
+        """(field, what is wrong) for every problem of a config with these values (the rest at their defaults),
+        without making it: each front end (run descriptor, `strop train`, quickstart, Python) names the fields in
+        its own words, a JSON path or a flag, from this one validator."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            return [(name, "unknown training config field" + "".join(
+                f" (did you mean {close[0]!r}?)" for close in [difflib.get_close_matches(name, known, 1)] if close)
+                + f"; known fields: {', '.join(sorted(known))}") for name in unknown]
+        draft = cls.__new__(cls)
+        for f in fields(cls):
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            setattr(draft, f.name, values.get(f.name, default))
+        return draft.field_problems()
+
+    @classmethod
+    def descriptor_paths(cls) -> dict[str, str]:
+        """field -> the JSON path of the run descriptor setting it (`$.config.rlHyperparams.groupSize`)."""
+        return {f.name: f.metadata["descriptor"] for f in fields(cls) if "descriptor" in f.metadata}
+
     def validate(self) -> list[str]:
+        return [f"{name}: {problem}" for name, problem in self.field_problems()]
+
+    def field_problems(self) -> list[tuple[str, str]]:
         p = []
-        # every size, count and number within its range (strop.rl.limits: the same table descriptors and
-        # `strop train`'s flags use)
+        # every size, count and number within its range (strop.rl.limits: the same table the descriptor's
+        # structure check uses)
         for name, limit in LIMITS.items():
             if name in _FIELDS:
                 problem = limit.problem(getattr(self, name))
                 if problem:
-                    p.append(f"{name}: {problem}")
+                    p.append((name, problem))
         if self.loss_fn not in LOSS_FNS:
-            p.append(f"loss_fn: must be one of {', '.join(LOSS_FNS)}, got {self.loss_fn!r}")
+            p.append(("loss_fn", f"must be one of {', '.join(LOSS_FNS)}, got {self.loss_fn!r}"))
         for name in ("sampler_dtype", "compute_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16"):
-                p.append(f"{name}: must be float32 or bfloat16, got {getattr(self, name)!r}")
+                p.append((name, f"must be float32 or bfloat16, got {getattr(self, name)!r}"))
         if _is_int(self.max_seq_length) and _is_int(self.max_completion_length) \
                 and self.max_seq_length <= self.max_completion_length:
-            p.append(f"max_seq_length ({self.max_seq_length}) must exceed max_completion_length "
-                     f"({self.max_completion_length}) to leave room for the prompt")
+            p.append(("max_seq_length", f"must exceed max_completion_length ({self.max_completion_length}) to "
+                                        f"leave room for the prompt (got {self.max_seq_length})"))
         if self.environment is not None:
             env = self.environment
             if not isinstance(env, dict) or not isinstance(env.get("name"), str) \
                     or not isinstance(env.get("options", {}), dict) or set(env) - {"name", "options", "split"}:
-                p.append(f"environment: must be {{'name': ..., 'options': {{...}}, 'split': 'train'}}, got "
-                         f"{repr(env)[:200]}")
+                p.append(("environment", f"must be {{'name': ..., 'options': {{...}}, 'split': 'train'}}, got "
+                                         f"{repr(env)[:200]}"))
         if not isinstance(self.reward_terms, list) or not self.reward_terms:
-            p.append("reward_terms: give at least one term, e.g. [{'name': 'correct', 'weight': 1.0, 'grader': 'builtin:gsm8k'}]")
+            p.append(("reward_terms", "give at least one term, e.g. [{'name': 'correct', 'weight': 1.0, "
+                                      "'grader': 'builtin:gsm8k'}]"))
         else:
             for i, term in enumerate(self.reward_terms):
                 problem = LIMITS["reward_weight"].problem(term.get("weight", 1.0) if isinstance(term, dict) else None)
                 if problem:
-                    p.append(f"reward_terms[{i}].weight: {problem}")
+                    p.append((f"reward_terms[{i}].weight", problem))
         return p
 
     def to_dict(self) -> dict:

@@ -51,7 +51,7 @@ class RunLog:
         self.rollouts_path = self.run_dir / "rollouts.jsonl"
         _truncate_jsonl(self.metrics_path, start_step)
         _truncate_jsonl(self.rollouts_path, start_step)
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is slow to import, read-only users skip it
         # purge_step hides events a dead process wrote past the checkpoint we resume from
         self.events = SummaryWriter(str(self.run_dir / "events"), purge_step=start_step if start_step else None)
 

@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -240,6 +241,8 @@ class SandboxPool:
         self.tmp_mb = max(16, min(memory_mb // 4, 512))
         make_undumpable()  # before any worker exists: graders run as our user and could read our /proc files
         self.log_dir = Path(tempfile.mkdtemp(prefix="strop-sandbox-"))
+        # removed by close(), or when the pool is collected or the process exits without closing it
+        self._remove_log_dir = weakref.finalize(self, shutil.rmtree, str(self.log_dir), True)
         self._bundles: dict[Path, _Bundle] = {}
         self._slots = threading.Semaphore(workers)
         self._lock = threading.Lock()
@@ -371,7 +374,7 @@ class SandboxPool:
                 bundle.idle.clear()
         for worker in workers:
             worker.kill()
-        shutil.rmtree(self.log_dir, ignore_errors=True)
+        self._remove_log_dir()
 
     def __enter__(self):
         return self
