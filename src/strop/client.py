@@ -25,6 +25,7 @@ from strop.engine.resources import plan_grpo_memory
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.trainer import LoraTrainer, load_adapter_weights
 from strop.errors import StropError
+from strop.models import CATALOG, load_tokenizer, resolve_model
 from strop.paths import strop_home
 from strop.types import (AdamParams, Datum, ForwardBackwardOutput, ModelInput, OptimStepResponse, SampleResponse,
                          SamplingParams, SaveWeightsResponse)
@@ -102,11 +103,9 @@ class LocalBackend:
         self._queues: dict[str, _SampleQueue] = {}
 
     def model_dir(self, base_model: str) -> Path:
-        from strop.models import resolve_model
         return resolve_model(base_model)
 
     def tokenizer(self, base_model: str):
-        from strop.models import load_tokenizer
         return load_tokenizer(base_model)
 
     def queue(self, base_model: str) -> _SampleQueue:
@@ -247,5 +246,4 @@ class ServiceClient:
                                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, what=what)
 
     def get_server_capabilities(self) -> dict:
-        from strop.models import CATALOG
         return {"supported_models": [{"model_name": entry.model_id} for entry in CATALOG]}

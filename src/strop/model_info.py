@@ -3,10 +3,11 @@
     from strop import model_info
     model_info.get_recommended_renderer_name("Qwen/Qwen3-0.6B")     # 'qwen3'
 """
+from strop.models import CATALOG
+from strop.tokenizer_utils import get_tokenizer
 
 
 def get_recommended_renderer_name(model_name: str) -> str:
-    from strop.models import CATALOG
     for entry in CATALOG:
         if entry.model_id == model_name:
             return entry.renderer
@@ -16,7 +17,6 @@ def get_recommended_renderer_name(model_name: str) -> str:
     if "smollm" in lowered or "qwen" in lowered:
         return "chatml"
     # an unknown model: read its tokenizer to decide
-    from strop.tokenizer_utils import get_tokenizer
     tokenizer = get_tokenizer(model_name)
     template = getattr(tokenizer, "chat_template", None) or ""
     if "<|im_start|>" in template:

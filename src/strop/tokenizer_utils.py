@@ -28,6 +28,7 @@ def get_tokenizer(model_name: str) -> "Tokenizer":
 def __getattr__(name: str):
     # `Tokenizer` is a type alias in tinker-cookbook; resolving it lazily keeps this import free of transformers.
     if name == "Tokenizer":
+        # lazy: transformers is heavy or optional, loaded only when this runs
         from transformers import PreTrainedTokenizerBase
 
         return PreTrainedTokenizerBase

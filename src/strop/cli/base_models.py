@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from strop.cli.output import add_output_flags, emit, format_table, note
+from strop.models import list_models as catalog
 
 
 def register(nouns) -> None:
@@ -34,8 +36,8 @@ def register(nouns) -> None:
 
 
 def list_models(args) -> int:
+    # lazy: strop.control.base_models pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control.base_models import selected
-    from strop.models import list_models as catalog
     chosen = selected()
     rows = [{**m, "selected": m["model_id"] in chosen} for m in catalog()]
     emit(args, rows, lambda rs: format_table(rs, [("model_id", "MODEL"), ("params", "PARAMS"), ("family", "FAMILY"),
@@ -45,8 +47,7 @@ def list_models(args) -> int:
 
 
 def select_model(args) -> int:
-    import time
-
+    # lazy: strop.control.base_models pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control.base_models import select
     start = time.perf_counter()
     note(f"selecting {args.repo} ...")

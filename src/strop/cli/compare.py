@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from strop.cli.output import add_output_flags, emit, note
+from strop.errors import StropError
 
 
 def register(nouns) -> None:
@@ -47,7 +48,6 @@ def register(nouns) -> None:
 
 
 def _labels(text: str | None) -> tuple[str, str] | None:
-    from strop.errors import StropError
     if text is None:
         return None
     parts = [p.strip() for p in text.split(",")]
@@ -57,6 +57,7 @@ def _labels(text: str | None) -> tuple[str, str] | None:
 
 
 def _compare(args) -> int:
+    # lazy: strop.control.reports pulls in pydantic, which importing this module does not need
     from strop.control.reports import save_tables, write_report
     from strop.control.evaluations import compare_evaluations
     from strop.evals.compare import comparison_table
@@ -77,12 +78,14 @@ def _compare(args) -> int:
 
 
 def _report(args) -> int:
+    # lazy: strop.control.reports pulls in pydantic, which importing this module does not need
     from strop.control.reports import write_report
     from strop.errors import StropError
     if not args.compare and not args.run:
         raise StropError("strop report needs --compare EVAL_A EVAL_B, --run RUN, or both")
     comparison = None
     if args.compare:
+        # lazy: strop.control.evaluations pulls in sqlalchemy, pydantic, which importing this module does not need
         from strop.control.evaluations import compare_evaluations
         comparison = compare_evaluations(*args.compare, labels=_labels(args.labels))
     files = write_report(args.out, comparison=comparison, run_id=args.run)

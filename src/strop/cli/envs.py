@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
+from pathlib import Path
 
 from strop.cli.output import add_output_flags, emit, format_table, note
+from strop.envs import get_env, list_envs
+from strop.envs.base import ToolCall
+from strop.envs.openenv_server import MAX_MESSAGE_BYTES, serve_env
+from strop.errors import StropError
+from strop.serve.server import exposure_warning
 
 
 def register(nouns) -> None:
@@ -77,13 +84,11 @@ def register(nouns) -> None:
 
 
 def _list(args) -> int:
-    from strop.envs import list_envs
     emit(args, list_envs(), lambda rs: format_table(rs, [("name", "NAME"), ("description", "DESCRIPTION")]))
     return 0
 
 
 def _parse_line(line: str):
-    from strop.envs.base import ToolCall
     line = line.strip()
     if line.startswith("{"):
         try:
@@ -99,8 +104,6 @@ def _parse_line(line: str):
 
 
 def _try(args) -> int:
-    from strop.envs import get_env
-    from strop.errors import StropError
     env = get_env(args.name, seed=args.seed)
     try:
         tasks = env.tasks(args.split)
@@ -137,8 +140,7 @@ def _try(args) -> int:
 
 
 def _evaluate(args, model_ref: str) -> dict:
-    from pathlib import Path
-
+    # lazy: strop.control.evaluations pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control.evaluations import resolve_model
     from strop.evals.envs import evaluate_env
     # a model folder is used as it is; ids go through the store (tuned modelIds, selected base models)
@@ -151,6 +153,7 @@ def _evaluate(args, model_ref: str) -> dict:
 
 
 def _eval(args) -> int:
+    # lazy: strop.evals.stats pulls in torch, numpy, which importing this module does not need
     from strop.evals.stats import discordant, mcnemar_exact
     report = _evaluate(args, args.model)
     if args.baseline:
@@ -183,11 +186,8 @@ def _eval(args) -> int:
 
 
 def _serve(args) -> int:
-    import os
-
-    from strop.envs.openenv_server import MAX_MESSAGE_BYTES, serve_env
+    # lazy: its name is also bound at module level here
     from strop.errors import StropError
-    from strop.serve.server import exposure_warning
     if args.max_message_bytes is None:
         args.max_message_bytes = MAX_MESSAGE_BYTES
     if args.max_message_bytes < 1:

@@ -86,6 +86,7 @@ def _show(r: dict) -> str:
 
 
 def _start(args) -> int:
+    # lazy: strop.control.evaluations pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import evaluations
     from strop.evals.config import EvalConfig, load_eval_config
     config = load_eval_config(args.config) if args.config else EvalConfig()
@@ -106,6 +107,7 @@ def _start(args) -> int:
 
 
 def _wait(args) -> int:
+    # lazy: strop.control.evaluations pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import evaluations
     from strop.control.progress import EvalBar
     seen = set()
@@ -121,12 +123,14 @@ def _wait(args) -> int:
 
 
 def _get(args) -> int:
+    # lazy: strop.control.evaluations pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import evaluations
     emit(args, evaluations.get(args.evaluation), _show)
     return 0
 
 
 def _report(args) -> int:
+    # lazy: strop.control.evaluations pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import evaluations
     emit(args, evaluations.report(args.evaluation, items=args.output != "table" or bool(args.jq)), _show)
     return 0

@@ -12,14 +12,13 @@ import argparse
 import os
 import sys
 
+from strop import __version__
+from strop.cli import base_models, compare, envs, evaluations, models, projects, quickstart, registry, runs, serve, train
 from strop.errors import StropError
+from strop.scoring.confine import ALLOW_UNCONFINED_ENV
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from strop import __version__
-    from strop.cli import (base_models, compare, envs, evaluations, models, projects, quickstart, registry, runs, serve,
-                           train)
-
     parser = argparse.ArgumentParser(
         prog="strop",
         description="RL fine-tuning (GRPO + LoRA) of small open language models on tasks whose answers can be "
@@ -50,7 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.allow_unconfined_graders:
-        from strop.scoring.confine import ALLOW_UNCONFINED_ENV
         os.environ[ALLOW_UNCONFINED_ENV] = "1"  # the background workers this command starts inherit it
     try:
         return args.handler(args) or 0

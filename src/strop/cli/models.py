@@ -25,6 +25,7 @@ def register(nouns) -> None:
 
 
 def _list(args) -> int:
+    # lazy: strop.control.models pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import models
     emit(args, models.list_all(), lambda rs: format_table(rs, [("modelId", "MODEL"), ("runId", "RUN"),
                                                                ("baseModel", "BASE MODEL"), ("createdAt", "CREATED")]))
@@ -32,12 +33,14 @@ def _list(args) -> int:
 
 
 def _get(args) -> int:
+    # lazy: strop.control.models pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import models
     emit(args, models.get(args.model), lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
     return 0
 
 
 def _delete(args) -> int:
+    # lazy: strop.control.models pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import models
     emit(args, models.delete(args.model), lambda r: f"model {r['modelId']} deleted")
     return 0

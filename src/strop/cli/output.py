@@ -21,6 +21,7 @@ def add_output_flags(parser) -> None:
 def emit(args, data: Any, table: Callable[[Any], str] | None = None) -> None:
     if getattr(args, "jq", None):
         try:
+            # lazy: optional, its absence is handled here
             import jq
             results = jq.compile(args.jq).input_value(json.loads(json.dumps(data, default=str))).all()
         except ValueError as exc:
@@ -32,6 +33,7 @@ def emit(args, data: Any, table: Callable[[Any], str] | None = None) -> None:
     if fmt == "json":
         print(json.dumps(data, indent=2, default=str))
     elif fmt == "yaml":
+        # lazy: yaml is heavy or optional, loaded only when this runs
         import yaml
         print(yaml.safe_dump(json.loads(json.dumps(data, default=str)), sort_keys=False).rstrip())
     else:

@@ -48,18 +48,21 @@ def _show(p: dict) -> str:
 
 
 def _create(args) -> int:
+    # lazy: strop.control.projects pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import projects
     emit(args, projects.create(args.name), lambda p: f"project {p['name']} created")
     return 0
 
 
 def _get(args) -> int:
+    # lazy: strop.control.projects pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import projects
     emit(args, projects.get(args.name), _show)
     return 0
 
 
 def _list(args) -> int:
+    # lazy: strop.control.projects pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import projects
     rows = [{**p, "dataset": p["evaluation"]["dataset"], "grader": p["evaluation"]["grader"]} for p in projects.list_all()]
     emit(args, rows, lambda rs: format_table(rs, [("name", "NAME"), ("dataset", "EVAL DATASET"), ("grader", "GRADER"),
@@ -68,6 +71,7 @@ def _list(args) -> int:
 
 
 def _set_evaluation(args) -> int:
+    # lazy: strop.control.projects pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import projects
     emit(args, projects.set_evaluation(args.name, args.dataset, args.grader), _show)
     return 0

@@ -8,6 +8,7 @@ from strop.cli.output import add_output_flags, emit
 
 
 def register(nouns) -> None:
+    # lazy: strop.control.quickstart pulls in pydantic, which importing this module does not need
     from strop.control.quickstart import QuickstartOptions
     d = QuickstartOptions()
     parser = nouns.add_parser(
@@ -67,6 +68,7 @@ def register(nouns) -> None:
 
 
 def _quickstart(args) -> int:
+    # lazy: strop.control.quickstart pulls in pydantic, which importing this module does not need
     from strop.control.quickstart import QuickstartOptions, run_quickstart
     options = QuickstartOptions(
         base_model=args.base_model, dataset=args.dataset, data_file=args.data_file, steps=args.steps,
@@ -96,6 +98,7 @@ def _show(m: dict) -> str:
 
 
 def _cleanup(args) -> int:
+    # lazy: strop.control.quickstart pulls in pydantic, which importing this module does not need
     from strop.control.quickstart import cleanup
     removed = cleanup(args.out)
     emit(args, removed, lambda r: "\n".join(f"{k}: {', '.join(map(str, v)) or '-'}" for k, v in r.items()))

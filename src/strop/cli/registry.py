@@ -61,6 +61,7 @@ def _kind(kinds, kind: str) -> None:
 
 
 def _register(args, kind: str) -> int:
+    # lazy: strop.control.registry pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import registry
     if kind == "datasets":
         result = registry.register_dataset(args.name, args.file)
@@ -72,6 +73,7 @@ def _register(args, kind: str) -> int:
 
 
 def _list(args, kind: str) -> int:
+    # lazy: strop.control.registry pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import registry
     rows = registry.list_datasets() if kind == "datasets" else registry.list_bundles()
     columns = [("name", "NAME"), ("latestVersion", "LATEST"), ("versions", "VERSIONS")]
@@ -82,6 +84,7 @@ def _list(args, kind: str) -> int:
 
 
 def _get(args, kind: str) -> int:
+    # lazy: strop.control.registry pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import registry
     result = registry.get_dataset(args.ref) if kind == "datasets" else registry.get_bundle(args.ref)
     emit(args, result, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
@@ -89,6 +92,7 @@ def _get(args, kind: str) -> int:
 
 
 def _delete(args, kind: str) -> int:
+    # lazy: strop.control.registry pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import registry
     result = registry.delete(kind.rstrip("s"), args.ref)
     emit(args, result, lambda r: f"deleted {', '.join(r['deleted'])}")

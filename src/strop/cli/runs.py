@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from strop.cli.output import add_output_flags, emit, format_table, note
+from strop.names import escape_hidden
 
 METRIC_COLUMNS = [("step", "STEP"), ("zeroVarianceGroups", "ZERO-VAR"), ("reward", "REWARD"), ("rewardStd", "STD"),
                   ("klSampleTrain", "KL(S|T)"), ("entropy", "ENTROPY"), ("completionLength", "LENGTH"),
@@ -55,7 +57,6 @@ def register(nouns) -> None:
 def _printable(r: dict) -> dict:
     """The run with the names people gave it escaped for a terminal (a record stored before names were checked
     could hold a bidirectional override or an escape sequence); JSON output keeps them as stored."""
-    from strop.names import escape_hidden
     return {**r, **{k: escape_hidden(r[k]) for k in ("project", "configName", "baseModel") if isinstance(r.get(k), str)}}
 
 
@@ -76,6 +77,7 @@ def _show(r: dict) -> str:
     if r.get("evaluations"):
         lines.append(f"evaluations: {', '.join(r['evaluations'])}")
     if r.get("workerPid"):
+        # lazy: strop.control.processes pulls in pydantic, which importing this module does not need
         from strop.control.processes import this_host
         host = r.get("workerHost")
         if host and host != this_host():
@@ -105,6 +107,7 @@ def _plan(pinned: dict) -> str:
 
 
 def _start(args) -> int:
+    # lazy: strop.control.runs pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import runs
     result = runs.start(args.file, dry_run=args.dry_run)
     if args.dry_run:
@@ -118,6 +121,7 @@ def _start(args) -> int:
 
 
 def _wait(args) -> int:
+    # lazy: strop.control.runs pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import runs
     last = {}
 
@@ -133,12 +137,14 @@ def _wait(args) -> int:
 
 
 def _get(args) -> int:
+    # lazy: strop.control.runs pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import runs
     emit(args, runs.get(args.run), _show)
     return 0
 
 
 def _list(args) -> int:
+    # lazy: strop.control.runs pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import runs
     emit(args, runs.list_runs(args.project), lambda rs: format_table([_printable(r) for r in rs], [
         ("runId", "RUN"), ("project", "PROJECT"), ("configName", "CONFIG"), ("status", "STATUS"), ("step", "STEP"),
@@ -147,18 +153,21 @@ def _list(args) -> int:
 
 
 def _cancel(args) -> int:
+    # lazy: strop.control.runs pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import runs
     emit(args, runs.cancel(args.run), _show)
     return 0
 
 
 def _resume(args) -> int:
+    # lazy: strop.control.runs pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import runs
     emit(args, runs.resume(args.run), lambda r: f"{r['runId']} resumed (worker {r['workerPid']})")
     return 0
 
 
 def _metrics(args) -> int:
+    # lazy: strop.control.runs pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import runs
     rows = runs.metrics(args.run)
 
@@ -171,8 +180,7 @@ def _metrics(args) -> int:
 
 
 def _tensorboard(args) -> int:
-    import os
-
+    # lazy: strop.control.runs pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import runs
     runs.get(args.run)  # a clear error for an unknown run
     logdir = runs.run_dir(args.run) / "events"

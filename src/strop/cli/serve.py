@@ -7,6 +7,7 @@ import os
 
 from strop.cli.output import note
 from strop.errors import StropError
+from strop.serve import make_server
 from strop.serve.server import IDLE_TIMEOUT_S, MAX_BODY, MAX_TOKENS_LIMIT, READ_TIMEOUT_S, exposure_warning
 
 
@@ -37,8 +38,8 @@ def register(nouns) -> None:
 
 
 def run(args) -> int:
+    # lazy: strop.control.evaluations pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control.evaluations import resolve_model
-    from strop.serve import make_server
     for flag, value in (("--max-tokens-limit", args.max_tokens_limit), ("--max-body-bytes", args.max_body_bytes),
                         ("--max-prompt-tokens", args.max_prompt_tokens)):
         if value is not None and value < 1:
@@ -72,6 +73,7 @@ def run(args) -> int:
 
 
 def _require_model(model_id: str) -> None:
+    # lazy: strop.control.models pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import models
     try:
         models.get(model_id)

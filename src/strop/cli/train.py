@@ -12,7 +12,9 @@ from pathlib import Path
 
 from strop.cli.output import add_output_flags, emit, format_table
 from strop.errors import StropError
+from strop.paths import runs_dir, safe_name
 from strop.rl.config import LOSS_FNS, GRPOConfig
+from strop.scoring.bundles import absolute_ref
 
 
 def register(nouns) -> None:
@@ -99,7 +101,6 @@ def parse_reward(spec: str) -> dict:
     ref, _, weight = spec.partition("=")
     if not ref:
         raise StropError(f"--reward {spec!r}: give a grader reference such as builtin:gsm8k or ./scoring#reward")
-    from strop.scoring.bundles import absolute_ref
     try:
         # absolute, so config.json and the sandboxed workers (which run elsewhere) name the same folder
         return {"grader": absolute_ref(ref), "weight": float(weight) if weight else 1.0}
@@ -108,7 +109,7 @@ def parse_reward(spec: str) -> dict:
 
 
 def run(args) -> int:
-    from strop.paths import runs_dir, safe_name
+    # lazy: strop.rl.grpo pulls in torch, transformers, which importing this module does not need
     from strop.rl import run_grpo
 
     rewards = [parse_reward(s) for s in (args.reward or ["builtin:gsm8k"])]

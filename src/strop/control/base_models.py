@@ -10,13 +10,13 @@ from __future__ import annotations
 from sqlalchemy import select as sql_select
 
 from strop.errors import StropError
+from strop.models import select_model
 from strop.store import open_store, session_scope
 from strop.store.schema import SelectedBaseModel, utcnow
 
 
 def select(model_id: str) -> dict:
     """Cache the weights (idempotent; a second call is instant) and record the selection."""
-    from strop.models import select_model
     path = select_model(model_id)
     with session_scope(open_store()) as s:
         row = s.get(SelectedBaseModel, model_id)

@@ -8,6 +8,10 @@ import sys
 import traceback
 from pathlib import Path
 
+from strop.control import registry
+from strop.control.evaluations import eval_dir, resolve_judge, resolve_model
+from strop.control.projects import parse_grader
+from strop.data import load_rows
 from strop.errors import StropError
 from strop.store import artifacts, open_store, session_scope
 from strop.store.schema import DatasetVersion, Evaluation, EvaluationItem, utcnow
@@ -15,8 +19,6 @@ from strop.store.schema import DatasetVersion, Evaluation, EvaluationItem, utcno
 
 def grader_ref(ref: str) -> str:
     """A stored grader reference as `load_grader` takes it (registry bundles materialised locally)."""
-    from strop.control import registry
-    from strop.control.projects import parse_grader
     parts = parse_grader(ref)
     if parts["kind"] == "builtin":
         return ref
@@ -38,7 +40,7 @@ def judge_items(settings: dict | None, items, api_key_env: str | None = None, on
     """The judge's verdict on each item (None each when no judge was asked for) and their summary."""
     if not settings:
         return [None] * len(items), None
-    from strop.control.evaluations import resolve_judge
+    # lazy: strop.evals.judge pulls in torch, numpy, which importing this module does not need
     from strop.evals.judge import JudgeInput, Judge, summarize_verdicts
     target = resolve_judge(settings["model"])
     judge = Judge(target.get("openai") or target["basePath"], settings.get("metrics") or None,
@@ -67,8 +69,7 @@ def all_requests_failed(model_ref: str, items) -> StropError | None:
 
 
 def main(evaluation_id: str) -> int:
-    from strop.control.evaluations import eval_dir, resolve_model
-    from strop.data import load_rows
+    # lazy: strop.evals pulls in torch, numpy, which importing this module does not need
     from strop.evals import evaluate_local
     with session_scope(open_store()) as s:
         evaluation = s.get(Evaluation, evaluation_id)
@@ -86,6 +87,7 @@ def main(evaluation_id: str) -> int:
         report = progress_writer(folder / "progress.json")
         generated = lambda done, total, correct: report("generate", done, total, correct=correct)  # noqa: E731
         if model.get("openai"):
+            # lazy: strop.evals.openai_client pulls in torch, numpy, which importing this module does not need
             from strop.evals.openai_client import evaluate_openai
             result = evaluate_openai(model["openai"], rows, grader, max_tokens=max_tokens, on_progress=generated,
                                      api_key_env=summary.get("apiKeyEnv") or "OPENAI_API_KEY",

@@ -15,7 +15,9 @@ from sqlalchemy import select
 from strop.control import base_models, processes, registry
 from strop.control.projects import parse_grader
 from strop.errors import StropError
+from strop.models.catalog import DEFAULT_MODEL
 from strop.paths import strop_home
+from strop.scoring.confine import detect
 from strop.store import open_store, session_scope
 from strop.store.schema import Dataset, DatasetVersion, Evaluation, EvaluationItem, Model, utcnow
 
@@ -33,6 +35,7 @@ def eval_dir(evaluation_id: str):
 def resolve_model(ref: str) -> dict:
     """A modelId (tuned) or a selected base model id, as {base path, adapter path or None}."""
     if ref.startswith("openai:"):
+        # lazy: strop.evals.openai_client pulls in torch, numpy, which importing this module does not need
         from strop.evals.openai_client import parse_openai_ref
         endpoint = parse_openai_ref(ref)
         return {"modelId": None, "baseModel": endpoint.model, "basePath": None, "adapter": None, "openai": ref}
@@ -50,7 +53,6 @@ def resolve_judge(ref: str) -> dict:
     """A judge as the worker runs it: an endpoint, or a local base path with an optional adapter."""
     if ref.startswith("openai:"):
         return resolve_model(ref)
-    from strop.models.catalog import DEFAULT_MODEL
     return resolve_model(DEFAULT_MODEL if ref == "local" else ref)
 
 
@@ -87,10 +89,10 @@ def start(model: str, dataset: str, grader: str = "builtin:gsm8k", *, samples: i
     resolved = resolve_model(model)
     parse_grader(grader)
     if not grader.strip().startswith("builtin:"):
-        from strop.scoring.confine import detect
         detect().require()  # refused here, with the reason, rather than in the background worker
     judge_settings = None
     if judge is not None or judge_metrics:
+        # lazy: strop.evals.judge pulls in torch, numpy, which importing this module does not need
         from strop.evals.judge import metrics_from
         metrics_from(judge_metrics)  # refuses a bad metric now, not in the worker
         judge = judge or "local"
@@ -173,6 +175,7 @@ def report(evaluation_id: str, *, items: bool = False) -> dict:
 
 def compare_evaluations(eval_a: str, eval_b: str, *, labels: tuple[str, str] | None = None, seed: int = 0) -> dict:
     """Compare two finished evaluations from the store (strop.evals.compare does the statistics)."""
+    # lazy: strop.evals.compare pulls in torch, numpy, which importing this module does not need
     from strop.evals.compare import ComparisonError, compare, default_label
     reports = []
     for evaluation_id in (eval_a, eval_b):

@@ -54,6 +54,7 @@ def alive(pid: int | None, module: str, arg: str) -> bool:
 
 def poll_until_finished(read, *, timeout: float | None, on_poll=None, interval: float = 1.0, on_timeout=None) -> dict:
     """Call `read()` every `interval` s until its `status` is finished; `on_timeout(info)` raises past `timeout`."""
+    # lazy: strop.store.schema pulls in sqlalchemy, which importing this module does not need
     from strop.store.schema import FINISHED_STATUSES
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:

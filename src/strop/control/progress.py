@@ -16,6 +16,7 @@ class EvalBar:
         self.label, self.bar, self.phase = label, None, None
 
     def update(self, info: dict) -> None:
+        # lazy: tqdm is heavy or optional, loaded only when this runs
         from tqdm import tqdm
         progress = info.get("progress")
         if not progress:
@@ -51,11 +52,13 @@ class RunBar:
     """Steps of a run, with the last step's reward and zero-variance groups."""
 
     def __init__(self, run_id: str, steps: int):
+        # lazy: tqdm is heavy or optional, loaded only when this runs
         from tqdm import tqdm
         self.run_id = run_id
         self.bar = tqdm(total=steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True, smoothing=0)
 
     def update(self, info: dict) -> None:
+        # lazy: strop.control.runs pulls in sqlalchemy, which importing this module does not need
         from strop.control import runs
         rows = runs.metrics(self.run_id)
         self.bar.update(len(rows) - self.bar.n)

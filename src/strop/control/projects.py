@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from strop.control.registry import RegistryError, check_bundle_module, check_name, get_bundle, get_dataset
 from strop.errors import StropError
 from strop.names import shown
+from strop.scoring.bundles import BUILTINS
 from strop.store import open_store, session_scope
 from strop.store.schema import Project, utcnow
 
@@ -63,7 +64,6 @@ def list_all() -> list[dict]:
 
 def parse_grader(ref: str) -> dict:
     """Split and check a grader reference; returns its parts. The bundle must be registered."""
-    from strop.scoring.bundles import BUILTINS
     if ref.startswith("builtin:"):
         if ref[len("builtin:"):] not in BUILTINS:
             raise ProjectError(f"unknown grader {shown(ref)}; builtin graders: "

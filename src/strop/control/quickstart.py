@@ -21,6 +21,10 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from strop.control.progress import EvalBar, RunBar
+from strop.control.reports import save_tables, write_report
+from strop.data import load_rows
+from strop.data.gsm8k import GSM8KUnavailable
 from strop.errors import StropError
 from strop.rl.config import GRPOConfig
 from strop.rl.limits import LIMITS
@@ -70,6 +74,7 @@ def judge_model(o: QuickstartOptions) -> str | None:
 
 def _check(o: QuickstartOptions) -> None:
     """Every flag checked before anything is made; all the problems named at once."""
+    # lazy: strop.evals.openai_client pulls in torch, numpy, which importing this module does not need
     from strop.evals.openai_client import parse_openai_ref
     problems = []
     # the training flags are checked by the run config's one validator (the run quickstart starts is checked by it
@@ -94,6 +99,7 @@ def _check(o: QuickstartOptions) -> None:
             except StropError as exc:
                 problems.append(f"{flag}: {exc}")
     if o.judge is not None and o.judge.startswith("model-"):
+        # lazy: strop.control.models pulls in sqlalchemy, which importing this module does not need
         from strop.control import models
         try:
             models.get(o.judge)
@@ -129,7 +135,6 @@ def _read_status(out: Path) -> str | None:
 
 def _rows(o: QuickstartOptions) -> tuple[list, list]:
     """The training rows and the evaluation rows."""
-    from strop.data import load_rows
     need_train = o.steps * o.batch_size
     if o.data_file is not None:
         source = Path(o.data_file)
@@ -141,7 +146,6 @@ def _rows(o: QuickstartOptions) -> tuple[list, list]:
                              "and training; lower --eval-n or give a folder with train.jsonl and test.jsonl")
         return rows[:-o.eval_n], rows[-o.eval_n:]
     source = "synthetic:add" if o.dataset == "synthetic" else o.dataset
-    from strop.data.gsm8k import GSM8KUnavailable
     try:
         train = load_rows(source, split="train", limit=need_train if source != "gsm8k" else None, seed=o.seed)
         test = load_rows(source, split="test", limit=o.eval_n, seed=o.seed + 1)
@@ -190,13 +194,14 @@ class _Manifest:
 
 
 def _wait_run(run_id: str, steps: int) -> dict:
+    # lazy: strop.control.runs pulls in sqlalchemy, which importing this module does not need
     from strop.control import runs
-    from strop.control.progress import RunBar
     with RunBar(run_id, steps) as bar:
         return runs.wait(run_id, on_poll=bar.update, interval=2.0)
 
 
 def _evaluate(model: str, dataset: str, o: QuickstartOptions, what: str, manifest: _Manifest) -> dict:
+    # lazy: strop.control.evaluations pulls in sqlalchemy, which importing this module does not need
     from strop.control import evaluations
     judge = judge_model(o)
     started = evaluations.start(model, dataset, "builtin:gsm8k", max_tokens=o.max_tokens, limit=o.eval_n,
@@ -206,7 +211,6 @@ def _evaluate(model: str, dataset: str, o: QuickstartOptions, what: str, manifes
     manifest.set(evaluations={**manifest.data["evaluations"], what: started["evaluationId"]})
     _say(f"{what}: evaluation {started['evaluationId']} of {model} on {o.eval_n} items"
          + (f", judged by {judge}" if judge else ""))
-    from strop.control.progress import EvalBar
     with EvalBar(what) as bar:
         info = evaluations.wait(started["evaluationId"], interval=2.0, on_poll=bar.update)
     if info["status"] != "succeeded":
@@ -220,6 +224,7 @@ def _evaluate(model: str, dataset: str, o: QuickstartOptions, what: str, manifes
 def run_quickstart(o: QuickstartOptions) -> dict:
     """Run every step; return the manifest (ids, files, figures). A failure part-way is recorded in the
     manifest (status failed, the error) and raised; `cleanup` then removes what was made."""
+    # lazy: strop.control.base_models pulls in sqlalchemy, which importing this module does not need
     from strop.control import base_models
     _check(o)
     _say(f"base model {o.base_model}: selecting (the first time converts and caches its weights)")
@@ -251,8 +256,8 @@ def run_quickstart(o: QuickstartOptions) -> dict:
 
 
 def _steps(o: QuickstartOptions, out: Path, manifest: _Manifest, train_rows, eval_rows) -> None:
+    # lazy: strop.control.projects pulls in sqlalchemy, which importing this module does not need
     from strop.control import projects, registry, runs
-    from strop.control.reports import save_tables, write_report
     from strop.control.evaluations import compare_evaluations
     from strop.evals.compare import comparison_table
     started = time.monotonic()
@@ -318,8 +323,10 @@ def cleanup(out: str | Path) -> dict:
     """Remove what the quickstart in `out` made: its result-table rows (and a table left empty), evaluations,
     tuned model and its adapter artifact, run, project, datasets, the files it wrote under `out`, and `out`
     itself when quickstart made it and nothing else is left in it. Nothing else is touched."""
+    # lazy: sqlalchemy is heavy or optional, loaded only when this runs
     from sqlalchemy import select
 
+    # lazy: strop.control.evaluations pulls in sqlalchemy, which importing this module does not need
     from strop.control import evaluations, registry, runs
     from strop.evals.tables import delete_comparison
     from strop.store import open_store, session_scope
@@ -375,8 +382,10 @@ def cleanup(out: str | Path) -> dict:
 
 def _remove_unreferenced(shas: set[str]) -> list[str]:
     """Delete the adapter artifacts that no model, dataset or bundle version still refers to."""
+    # lazy: sqlalchemy is heavy or optional, loaded only when this runs
     from sqlalchemy import select
 
+    # lazy: strop.store.artifacts pulls in sqlalchemy, which importing this module does not need
     from strop.store import artifacts, open_store, session_scope
     from strop.store.schema import BundleVersion, DatasetVersion, Model
     gone = []
@@ -417,6 +426,7 @@ def _remove_files(out: Path, m: dict) -> list[str]:
 
 
 def _exists(table, key) -> bool:
+    # lazy: strop.store pulls in sqlalchemy, which importing this module does not need
     from strop.store import open_store, session_scope
     with session_scope(open_store(), read_only=True) as s:
         return s.get(table, key) is not None

@@ -20,11 +20,14 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
+from strop.data import load_rows
 from strop.errors import StropError
 from strop.files import atomic_folder
 from strop.names import registry_name_problem, shown
+from strop.paths import strop_home
+from strop.scoring import check_bundle, check_bundle_folder
 from strop.store import artifacts, open_store, session_scope
-from strop.store.schema import Bundle, BundleVersion, Dataset, DatasetVersion
+from strop.store.schema import Bundle, BundleVersion, Dataset, DatasetVersion, Evaluation, Project, Run
 
 
 class RegistryError(StropError):
@@ -56,7 +59,6 @@ def parse_ref(ref: str, kind: str) -> tuple[str, int | None]:
 def register_dataset(name: str, file: str | Path) -> dict:
     """Validate every row of `file` (errors name the line), then store it as a new version unless its content
     is already a version of `name`."""
-    from strop.data import load_rows
     check_name(name, "dataset")
     rows = load_rows(str(file))  # raises DatasetError with line numbers; nothing is stored before this passes
     sha = artifacts.put_file(file)
@@ -84,7 +86,6 @@ def register_bundle(name: str, directory: str | Path, module: str | None = None,
                     function: str = "compute_score") -> dict:
     """Snapshot a bundle directory (a folder of Python modules) after checking it in the grader sandbox: every
     top-level module that defines `function` (at least one must), or only `module` when it is given."""
-    from strop.scoring import check_bundle, check_bundle_folder
     check_name(name, "bundle")
     directory = Path(directory)
     if not directory.is_dir():
@@ -146,7 +147,6 @@ def bundle_dir(ref: str) -> tuple[Path, dict]:
 
     The folder is re-hashed on every use (as `put_dir` hashes): a copy edited since it was unpacked would grade
     with code nobody registered, so it is set aside and unpacked again from the checked artifact."""
-    from strop.paths import strop_home
     version = get_bundle(ref)
     dest = strop_home() / "bundles" / version["sha256"]
     if dest.exists() and artifacts.dir_sha256(dest) != version["sha256"]:
@@ -170,7 +170,6 @@ def delete(kind: str, ref: str) -> dict:
     """Delete a version (NAME@VERSION) or every version of NAME; refused, with the users named, while a run,
     an evaluation or a project's evaluation settings refer to it. A stored file goes only when nothing else
     (another name or version with the same content) still points at it."""
-    from strop.store.schema import Evaluation, Project, Run
     parent_cls, version_cls, fk = ((Dataset, DatasetVersion, "dataset_id") if kind == "dataset"
                                    else (Bundle, BundleVersion, "bundle_id"))
     name, number = parse_ref(ref, kind)

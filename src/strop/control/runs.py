@@ -16,19 +16,25 @@ from __future__ import annotations
 import math
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
 from sqlalchemy import select
 
+from strop import model_info
 from strop.control import base_models, processes, projects, registry
 from strop.control.descriptor import RunDescriptor, load_descriptor
+from strop.data import load_rows
+from strop.engine.resources import MemoryRefused
+from strop.envs import env_kind, find_env_module, get_env
 from strop.errors import StropError
 from strop.paths import runs_dir
 from strop.rl.config import plan_steps
 from strop.scoring import confine
 from strop.store import open_store, session_scope
 from strop.store.schema import FINISHED_STATUSES, Evaluation, Project, Run, RunStep, utcnow
+from strop.tokenizer_utils import get_tokenizer
 
 
 class RunError(StropError):
@@ -60,7 +66,6 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
         env = descriptor.config.environment
         pinned["environment"] = {"name": env.name, "options": dict(env.options), "split": env.split}
         try:
-            from strop.envs import env_kind, find_env_module, get_env
             if dry_run and env_kind(env.name) == "class":
                 where = find_env_module(env.name)  # on the path, found without running any of it
                 pinned["notChecked"] = [f"$.config.environment.name: {env.name} is a 'module:Class' name, not "
@@ -138,13 +143,9 @@ def _probe_environment(env, get_env) -> list[str]:
 def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
     """The run's estimated peak memory against what is available, from its real prompts (as the loop builds
     them) and sizes; one problem line when it would not fit."""
-    from strop import model_info
-    from strop.data import load_rows
-    from strop.engine.resources import MemoryRefused
+    # lazy: strop.renderers pulls in torch, numpy, which importing this module does not need
     from strop.renderers import get_renderer
     from strop.rl.grpo import plan
-    from strop.tokenizer_utils import get_tokenizer
-    import tempfile
     path, version = registry.dataset_file(pinned["dataset"]["ref"])
     with tempfile.TemporaryDirectory() as folder:  # the stored file has no suffix; the loader reads by suffix
         named = Path(folder) / f"rows{Path(version.get('source') or 'rows.jsonl').suffix or '.jsonl'}"

@@ -47,6 +47,7 @@ def fetch_split(split: str) -> Path:
     if split not in SPLIT_FILES:
         raise DatasetError(f"GSM8K has splits 'train' and 'test', got split={split!r}.")
     try:
+        # lazy: optional, its absence is handled here
         from huggingface_hub import constants, hf_hub_download
     except ImportError:
         raise GSM8KUnavailable("fetching GSM8K needs huggingface_hub (`pip install huggingface_hub`)") from None

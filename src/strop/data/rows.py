@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from strop.data.gsm8k import fetch_split
 from strop.data.row import Row
 from strop.data.synthetic import DEFAULT_LEVEL, generate
 from strop.errors import DatasetError
@@ -65,7 +66,6 @@ def load_rows(
         return generate(level, limit or DEFAULT_SYNTHETIC_COUNT[split], seed, split=split)
 
     if src.lower() in GSM8K_NAMES:
-        from strop.data.gsm8k import fetch_split
 
         path = fetch_split(split)
         rows = _rows_from_records(_read_parquet(path), columns, where=f"GSM8K {split} split ({path})")
@@ -203,6 +203,7 @@ def _read_parquet(path: Path) -> list[tuple[str, Any]]:
     if not path.exists():
         raise DatasetError(f"dataset file {path} does not exist: check the path.")
     try:
+        # lazy: optional, its absence is handled here
         import pyarrow.parquet as pq
 
         table = pq.read_table(path)

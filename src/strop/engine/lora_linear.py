@@ -67,6 +67,7 @@ def _forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
 
 def install(model: torch.nn.Module) -> int:
     """Route every PEFT LoRA Linear of `model` through LoraLinear; returns how many were routed."""
+    # lazy: peft is heavy or optional, loaded only when this runs
     from peft.tuners.lora.layer import Linear
     count = 0
     for module in model.modules():

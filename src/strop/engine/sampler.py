@@ -197,6 +197,7 @@ class SamplerEngine:
 
     def _matcher(self, schema: str):
         """A fresh grammar matcher for a JSON schema (xgrammar; the compiled grammar is cached per schema)."""
+        # lazy: xgrammar is heavy or optional, loaded only when this runs
         import xgrammar
         if self.tokenizer is None:
             raise ValueError("json_schema sampling needs a tokenizer; give the sampler one")
@@ -293,6 +294,7 @@ class SamplerEngine:
             next_pos_B = next_pos_B + 1
 
     def _mask_to_grammar(self, logits_B_V: torch.Tensor, b: int, matcher) -> None:
+        # lazy: xgrammar is heavy or optional, loaded only when this runs
         import xgrammar
         if self._bitmask is None:
             self._bitmask = xgrammar.allocate_token_bitmask(1, self.model.config.vocab_size)

@@ -29,12 +29,12 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from strop.engine import lora_linear
+from strop.engine.losses import LOSSES, sequence_loss
+from strop.engine.malloc import keep_freed_memory
 from strop.engine.resources import HEAD_CHUNK, HEAD_KEEP_BYTES, MAX_TOKENS_PER_MICRO_BATCH
 from strop.engine.sampler import AdapterWeights, cache_keyword
 from strop.errors import StropError
 from strop.files import atomic_folder
-from strop.engine.losses import LOSSES, sequence_loss
-from strop.engine.malloc import keep_freed_memory
 from strop.types import AdamParams, Datum, ForwardBackwardOutput, TensorData
 
 keep_freed_memory()
@@ -151,6 +151,7 @@ def shared_prefixes(input_ids_B_T, mask_B_T, active_B_T):
 def _prefix_shared_hidden(inner, input_ids_B_T, mask_B_T, lengths, prefix_of, owner_of):
     """The transformer's last hidden states [B, T, H], running each distinct prefix once and each row's rest
     on top of its prefix's keys and values (repeated to the rows, so gradients from every row reach them)."""
+    # lazy: transformers is heavy or optional, loaded only when this runs
     from transformers.cache_utils import DynamicCache
     B, T = input_ids_B_T.shape
     U, P = len(owner_of), max(lengths[b] for b in owner_of)

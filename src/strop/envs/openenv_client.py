@@ -130,6 +130,7 @@ class RemoteEnv:
 
     def _connect(self):
         try:
+            # lazy: optional, its absence is handled here
             from websockets.exceptions import InvalidStatus
             from websockets.sync.client import connect
         except ImportError:
@@ -146,6 +147,7 @@ class RemoteEnv:
     def _request(self, message: dict) -> dict:
         """Send one frame and read its reply; an error frame raises RemoteEnvError with the server's words.
         A tool call needs the connection its episode was reset on; anything else opens one when there is none."""
+        # lazy: websockets is heavy or optional, loaded only when this runs
         from websockets.exceptions import ConnectionClosed
         if self._ws is None:
             if message["type"] == "step" and message["data"]["type"] == "call_tool":

@@ -53,6 +53,7 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from strop.envs import get_env
 from strop.envs.base import Environment
 from strop.envs.openenv_protocol import (MAX_SESSIONS, SESSION_IDLE_S, EnvService, ProtocolError, is_int, parse_json,
                                          schemas)
@@ -76,6 +77,7 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
     """An ASGI app (Starlette) speaking OpenEnv's protocol for the environments `env_factory` makes, one per
     session. `app.state.service` is its `EnvService`."""
     try:
+        # lazy: optional, its absence is handled here
         from starlette.applications import Starlette
         from starlette.middleware import Middleware
         from starlette.responses import JSONResponse
@@ -286,6 +288,7 @@ def bounded_h11(read_timeout_s: float):
     request head within `read_timeout_s` of opening (or of its last reply) is closed. uvicorn alone waits forever
     for a first request, and its keep-alive timer is reset by every byte, so one byte every few seconds (or none)
     held a connection open for good. A WebSocket, once upgraded, is bounded by its session's idle timeout."""
+    # lazy: uvicorn is heavy or optional, loaded only when this runs
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class BoundedH11Protocol(H11Protocol):
@@ -334,6 +337,7 @@ class EnvServer:
                  max_message_bytes: int = MAX_MESSAGE_BYTES, read_timeout_s: float = READ_TIMEOUT_S,
                  max_connections: int = 4 * MAX_SESSIONS):
         try:
+            # lazy: optional, its absence is handled here
             import uvicorn
         except ImportError:
             raise StropError(f"serving an environment over OpenEnv needs uvicorn: {INSTALL}") from None
@@ -398,7 +402,6 @@ def serve_env(env: str | Callable[[], Environment], *, host: str = "127.0.0.1", 
             raise StropError("serve_env: 'options' go with an environment name; bake them into your factory")
         factory = env
     else:
-        from strop.envs import get_env
         name, opts = env, dict(options or {})
         get_env(name, **opts).close()                         # a bad name or option fails here, not per session
         factory = lambda: get_env(name, **opts)                # noqa: E731

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from strop.errors import StropError
+from strop.evals.judge import JudgeError, metrics_from
 
 TOP_KEYS = {"version", "model", "agent", "dataset", "grader", "maxTokens", "samples", "limit", "judge", "metrics"}
 
@@ -65,6 +66,7 @@ class EvalConfig:
 
 
 def load_eval_config(path: str | Path) -> EvalConfig:
+    # lazy: yaml is heavy or optional, loaded only when this runs
     import yaml
     path = Path(path)
     try:
@@ -101,7 +103,6 @@ def load_eval_config(path: str | Path) -> EvalConfig:
         problems.append("metrics: a list of {name, type: builtin|custom, prompt, score_range}")
         metrics = []
     else:
-        from strop.evals.judge import JudgeError, metrics_from
         try:
             metrics_from([m for m in metrics if isinstance(m, (str, dict))] or None)
         except JudgeError as exc:

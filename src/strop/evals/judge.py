@@ -22,7 +22,14 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import strop
+from strop import model_info, types
 from strop.errors import StropError
+from strop.evals.openai_client import client_for, parse_openai_ref
+from strop.evals.stats import cohens_kappa
+from strop.models.catalog import DEFAULT_MODEL
+from strop.renderers import get_renderer, get_text_content
+from strop.tokenizer_utils import get_tokenizer
 
 
 @dataclass(frozen=True)
@@ -215,6 +222,7 @@ class Judge:
         verdicts = [Verdict() for _ in items]
         bar = None
         if progress:
+            # lazy: tqdm is heavy or optional, loaded only when this runs
             from tqdm import tqdm
             bar = tqdm(total=len(items), desc="judge", unit="item", file=sys.stderr, dynamic_ncols=True)
         settled = 0
@@ -255,7 +263,6 @@ class Judge:
         return self._ask_local(items, attempt)
 
     def _ask_endpoint(self, items, attempt):
-        from strop.evals.openai_client import client_for, parse_openai_ref
         ref = parse_openai_ref(self.model)
         client = client_for(ref, api_key_env=self._api_key_env, timeout=self._timeout, max_retries=self._max_retries)
         response_format = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": self.schema,
@@ -281,8 +288,6 @@ class Judge:
             return list(pool.map(one, items))
 
     def _ask_local(self, items, attempt):
-        from strop import types
-        from strop.renderers import get_text_content
         sampler, renderer = self._local_sampler()
         params = types.SamplingParams(max_tokens=self.max_tokens, temperature=0.0 if attempt == 0 else 0.7,
                                       seed=attempt, json_schema=verdict_schema(self.metrics, bounded=True), stop=renderer.get_stop_sequences())
@@ -298,10 +303,6 @@ class Judge:
 
     def _local_sampler(self):
         if not hasattr(self, "_sampler"):
-            import strop
-            from strop import model_info
-            from strop.renderers import get_renderer
-            from strop.tokenizer_utils import get_tokenizer
             service = strop.ServiceClient()
             self._sampler = service.create_sampling_client(base_model=self._local, model_path=self._adapter)
             self._renderer = get_renderer(model_info.get_recommended_renderer_name(self._local), get_tokenizer(self._local))
@@ -309,7 +310,6 @@ class Judge:
 
 
 def _default_local() -> str:
-    from strop.models.catalog import DEFAULT_MODEL
     return DEFAULT_MODEL
 
 
@@ -327,7 +327,6 @@ def judge_correct(scores: dict[str, int] | None, metric: JudgeMetric) -> bool | 
 
 def summarize_verdicts(verdicts: list[Verdict], metrics: list[JudgeMetric], exact: list[bool] | None = None) -> dict:
     """Means per metric and combined, failures, and Cohen's kappa of the judge against exact grading."""
-    from strop.evals.stats import cohens_kappa
     scored = [v for v in verdicts if v.scores is not None]
     summary: dict = {"metrics": [m.name for m in metrics], "ranges": {m.name: [m.low, m.high] for m in metrics},
                      "judged": len(scored), "failures": len(verdicts) - len(scored),

@@ -15,8 +15,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from strop.errors import StropError
+from strop.evals.runner import EvalItem, EvalResult, _score, summarize
+from strop.names import label_problem, shown
+from strop.scoring.gsm8k import extract_answer
+from strop.scoring.sandbox import grader_for
 
 
 @dataclass(frozen=True)
@@ -27,9 +32,7 @@ class OpenAIRef:
 
 def parse_openai_ref(ref: str) -> OpenAIRef:
     """NAME and base URL of `openai:NAME@URL`; a URL that no client could reach is refused here, not per request."""
-    from urllib.parse import urlsplit
 
-    from strop.names import label_problem, shown
 
     def refuse(problem: str) -> StropError:
         return StropError(f"model {shown(ref)}: {problem}; an endpoint is written openai:NAME@URL, e.g. "
@@ -60,6 +63,7 @@ def parse_openai_ref(ref: str) -> OpenAIRef:
 
 def client_for(ref: OpenAIRef, *, api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, max_retries: int = 3):
     try:
+        # lazy: optional, its absence is handled here
         from openai import OpenAI
     except ImportError:
         raise StropError("OpenAI-compatible endpoints need the openai package: pip install openai") from None
@@ -71,7 +75,6 @@ def evaluate_openai(model_ref: str, rows, grader_ref: str, *, max_tokens: int = 
                     system_prompt: str | None = None, concurrency: int = 4, correct_at: float = 1.0,
                     api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, max_retries: int = 3,
                     on_progress=None):
-    from strop.scoring.sandbox import grader_for
     ref = parse_openai_ref(model_ref)
     client = client_for(ref, api_key_env=api_key_env, timeout=timeout, max_retries=max_retries)
     with grader_for(grader_ref) as grader:  # bundle code runs sandboxed, as in training
@@ -82,8 +85,6 @@ def evaluate_openai(model_ref: str, rows, grader_ref: str, *, max_tokens: int = 
 
 def _evaluate(client, ref, rows, grader, *, max_tokens, temperature, system_prompt, concurrency, correct_at,
               on_progress):
-    from strop.evals.runner import EvalItem, EvalResult, _score, summarize
-    from strop.scoring.gsm8k import extract_answer
 
     def one(index_row):
         index, row = index_row

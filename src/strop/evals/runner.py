@@ -19,9 +19,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from strop import types
-from strop.renderers import get_text_content
+import strop
+from strop import model_info, types
+from strop.renderers import get_renderer, get_text_content
 from strop.scoring.gsm8k import extract_answer
+from strop.scoring.sandbox import grader_for
+from strop.tokenizer_utils import get_tokenizer
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,6 @@ def evaluate_sampler(sampler, renderer, rows, grader_ref: str, *, max_tokens: in
 
     `on_progress(done, total, correct)` is called after each batch (the background worker reports with it).
     """
-    from strop.scoring.sandbox import grader_for
     with grader_for(grader_ref) as grader:  # bundle code runs sandboxed, as in training
         return _evaluate(sampler, renderer, rows, grader, max_tokens=max_tokens, samples=samples,
                          temperature=temperature, system_prompt=system_prompt, correct_at=correct_at,
@@ -88,6 +90,7 @@ def _evaluate(sampler, renderer, rows, grader, *, max_tokens, samples, temperatu
                                   stop=renderer.get_stop_sequences())
     bar = None
     if progress:
+        # lazy: tqdm is heavy or optional, loaded only when this runs
         from tqdm import tqdm
         bar = tqdm(total=len(rows), desc="eval", unit="item", file=sys.stderr, dynamic_ncols=True)
     items: list[EvalItem] = []
@@ -143,10 +146,6 @@ def summarize(items: list[EvalItem], samples: int = 1) -> dict:
 
 def evaluate_local(model: str, rows, grader_ref: str, *, adapter: str | None = None, service=None, **kw) -> EvalResult:
     """Evaluate a base model (or a base model plus a saved adapter directory) in this process."""
-    import strop
-    from strop import model_info
-    from strop.renderers import get_renderer
-    from strop.tokenizer_utils import get_tokenizer
     service = service or strop.ServiceClient()
     sampler = service.create_sampling_client(base_model=model, model_path=adapter)
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))

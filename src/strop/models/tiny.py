@@ -113,6 +113,7 @@ def _corpus() -> list[str]:
 
 def _train_tokenizer():
     """Byte-level BPE shaped like SmolLM2's: digits split one by one, no prefix space, byte fallback free."""
+    # lazy: tokenizers is heavy or optional, loaded only when this runs
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -135,6 +136,7 @@ def _train_tokenizer():
 
 
 def _build_tokenizer():
+    # lazy: transformers is heavy or optional, loaded only when this runs
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
@@ -150,6 +152,7 @@ def _build_tokenizer():
 
 
 def _build_model(vocab_size: int):
+    # lazy: torch is heavy or optional, loaded only when this runs
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -196,6 +199,7 @@ def build_tiny_random(dest: Path) -> Path:
     with atomic_folder(dest) as tmp:
         tokenizer = _build_tokenizer()
         model = _build_model(len(tokenizer))
+        # lazy: transformers is heavy or optional, loaded only when this runs
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()  # a progress bar for a 560 KB file is noise
         model.save_pretrained(tmp, safe_serialization=True)

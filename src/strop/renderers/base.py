@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from strop.renderers.tools import hermes_messages
 from strop.types import ModelInput
 
 Message = dict[str, Any]
@@ -58,7 +59,6 @@ class Renderer:
     def build_tool_prompt(self, messages: list[Message], tools: list[dict]) -> ModelInput:
         """A generation prompt for a conversation with tools (role 'tool' turns are tool results): Hermes-style,
         the tools described in the system message and results inside <tool_response>."""
-        from strop.renderers.tools import hermes_messages
         return self.build_generation_prompt(hermes_messages(messages, tools))
 
     def build_supervised_example(self, messages: list[Message]) -> tuple[ModelInput, list[float]]:

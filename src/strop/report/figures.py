@@ -25,6 +25,7 @@ DPI = 100
 def new_figure(width_in: float, height_in: float):
     """A Figure with an Agg canvas; matplotlib is imported here so `import strop.report` stays fast."""
     try:
+        # lazy: optional, its absence is handled here
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:

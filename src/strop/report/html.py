@@ -17,7 +17,9 @@ import html
 from pathlib import Path
 
 from strop.errors import StropError
+from strop.report.figures import png_bytes
 from strop.report.scores import labels, score_view, summary_rows
+from strop.report.training import training_figure
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1800px; padding: 0 1em; color: #222; }
@@ -42,7 +44,6 @@ def write_report(path, comparison: dict | None, metrics_rows: list[dict] | None,
     if extra:
         parts += ["<h2>Where things went</h2>", _table(["what", "where"], [[k, v] for k, v in extra.items()])]
     if metrics_rows is not None:
-        from strop.report.training import training_figure
         parts += ["<h2>Training curves</h2>", _img(training_figure(metrics_rows), "training curves")]
     if comparison is not None:
         parts += _items_parts(comparison)
@@ -57,6 +58,7 @@ def write_report(path, comparison: dict | None, metrics_rows: list[dict] | None,
 
 
 def _comparison_parts(comparison: dict) -> list[str]:
+    # lazy: strop.report.dashboard pulls in numpy, which importing this module does not need
     from strop.report.dashboard import dashboard_figure
 
     view = score_view(comparison)
@@ -109,8 +111,6 @@ def _table(header: list, rows: list, question_column: int | None = None) -> str:
 
 
 def _img(fig, alt: str) -> str:
-    from strop.report.figures import png_bytes
-
     data = base64.b64encode(png_bytes(fig)).decode("ascii")
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 

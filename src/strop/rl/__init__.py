@@ -9,10 +9,10 @@ path for datasets and environments (`types`, `episodes`, `rollouts`), one traini
 def __getattr__(name):
     # the loop pulls in models and data; importing strop.rl.advantages alone must stay light
     if name in ("GRPOConfig",):
-        from strop.rl.config import GRPOConfig
+        from strop.rl.config import GRPOConfig  # lazy, as the loop below
         return GRPOConfig
     if name in ("run_grpo", "RunResult"):
-        from strop.rl import grpo
+        from strop.rl import grpo  # lazy: the loop pulls in torch, transformers and peft
         return getattr(grpo, name)
     raise AttributeError(name)
 

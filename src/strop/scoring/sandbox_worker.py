@@ -22,6 +22,8 @@ in it (setsid children included); outside a sandbox it kills the child's process
 
 from __future__ import annotations
 
+import ast
+import ctypes
 import json
 import os
 import resource
@@ -31,15 +33,19 @@ import sys
 import time
 from pathlib import Path
 
-_AS_SCORE = None  # strop.scoring.terms._as_score, bound in main()
-RESULT_LIMIT = 1 << 20
-MODULE_BYTES = 4 << 20  # a module larger than this is not read for its names  # bytes a call's result may take; a grader returns one number
+from strop.errors import BundleError, StropError
+from strop.files import folder_sha256
+from strop.scoring.bundles import load_bundle
+# bound when this module loads, before any bundle does: a grader patching strop.scoring.terms changes nothing here
+from strop.scoring.terms import _as_score
+
+RESULT_LIMIT = 1 << 20  # bytes a call's result may take; a grader returns one number
+MODULE_BYTES = 4 << 20  # a module larger than this is not read for its names
 REAP_SECONDS = 5.0
 
 
 def _digest(folder: str) -> str:
     """The bundle folder's sha256 as the registry computes it (strop.files, which the store uses too)."""
-    from strop.files import folder_sha256
     return folder_sha256(Path(folder))
 
 
@@ -70,7 +76,6 @@ class Worker:
             self._sweep()  # an import or a call may have left processes behind
 
     def _load(self, module: str, function: str) -> None:
-        from strop.scoring.bundles import load_bundle
         if (module, function) in self.graders:
             return
         self._verify()
@@ -81,7 +86,6 @@ class Worker:
                                   f"files readable by others (chmod -R o+rX on its folder)") from None
 
     def _verify(self) -> None:
-        from strop.errors import BundleError
         for folder, _, files in os.walk(self.bundle, onerror=_raise):  # the digest would skip what it cannot read
             for name in files:
                 if not os.access(os.path.join(folder, name), os.R_OK):
@@ -183,7 +187,6 @@ def _raise(error: OSError) -> None:
 def grader_modules(folder: str, function: str) -> dict[str, bool]:
     """Each top-level module of the folder -> whether it defines `function` at module level (a def, an assignment
     or an import of that name), read from its syntax tree without running it."""
-    import ast
     found = {}
     for file in sorted(Path(folder).glob("*.py")):
         if not file.stem.isidentifier() or file.stat().st_size > MODULE_BYTES:
@@ -251,7 +254,6 @@ def _child(grader, kwargs: dict, result_fd: int, reply) -> None:
 def describe(exc: BaseException) -> str:
     """An error for the pool: strop's own errors (a bundle that does not load) as their message, which says what to
     fix; anything else with its type."""
-    from strop.errors import StropError
     text = str(exc) if isinstance(exc, StropError) else f"{type(exc).__name__}: {exc}"
     return text[:4000]
 
@@ -259,7 +261,7 @@ def describe(exc: BaseException) -> str:
 def encode_score(raw) -> float | str:
     """A grader's result for the wire: a finite float as it is, NaN and infinities as text; anything else (a
     string, None, a list) raises, so the pool reports what came back."""
-    value, problem = _AS_SCORE(raw)
+    value, problem = _as_score(raw)
     if problem is None:
         return value
     if problem in ("nan", "inf", "-inf"):
@@ -270,7 +272,6 @@ def encode_score(raw) -> float | str:
 def _undumpable() -> None:
     """Other processes of the same user (a grader's own) may not open this one's /proc files or ptrace it, so a
     call cannot reach the reply channel through /proc/1/fd."""
-    import ctypes
     try:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
     except (OSError, AttributeError):
@@ -291,9 +292,6 @@ def main(argv: list[str]) -> None:
         signal.signal(number, signal.SIG_IGN)  # stray signals from a grader's processes; the pool uses SIGKILL
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     _undumpable()
-    global _AS_SCORE
-    from strop.scoring.terms import _as_score
-    _AS_SCORE = _as_score  # bound before any bundle loads: a grader patching strop.scoring.terms changes nothing here
     if processes > 0:
         # counted per user namespace, so set here, inside the sandbox: this limits the sandbox's own processes
         # (not enforced for root, whose group limit is the cgroup's)

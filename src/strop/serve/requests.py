@@ -181,6 +181,7 @@ def tools_of(tools) -> list[dict] | None:
 
 def tool_reply(text: str, finish: str) -> tuple[dict, str]:
     """A reply with <tool_call> blocks as OpenAI `tool_calls` (finish_reason tool_calls); other text stays content."""
+    # lazy: strop.renderers.tools pulls in torch, numpy, which importing this module does not need
     from strop.renderers.tools import parse_tool_calls
     calls, _ = parse_tool_calls(text)
     if not calls:

@@ -24,6 +24,7 @@ one CPU), so what any one client can hold is bounded:
 from __future__ import annotations
 
 import io
+import ipaddress
 import json
 import re
 import select
@@ -38,7 +39,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import strop
+from strop import model_info
+from strop.models import resolve_model
 from strop.serve.requests import TOOL_STOP, RequestError, read_request, tool_reply
+from strop.tokenizer_utils import get_tokenizer
 
 MAX_BODY = 1 << 20
 # One request's completion budget: far above any chat answer, far below what would hold the one generation
@@ -56,7 +61,6 @@ FIRST_CHUNK, CHUNK = 64, 256
 
 def is_loopback(host: str) -> bool:
     """Whether binding `host` keeps a server on this machine ('localhost', 127.x.x.x, ::1)."""
-    import ipaddress
     if host.strip().lower() == "localhost":
         return True
     try:
@@ -94,6 +98,7 @@ def generate(sampler, prompt, n: int, params, decode: Callable[[list[int]], str]
     request as it came (same seed, same tokens); a continued row is its own request, seeded from the request's
     seed, the row and the chunk; a stop string that spans two chunks, which the engine sees one at a time, is
     found here. A JSON-schema request runs whole: its grammar's state cannot be carried across chunks."""
+    # lazy: strop.types pulls in torch, numpy, which importing this module does not need
     from strop import types
     if gone():
         return None
@@ -204,10 +209,12 @@ class ModelServer(ThreadingHTTPServer):
     def complete(self, body: Any, gone: Callable[[], bool] = lambda: False) -> dict | None:
         """The chat completion for a parsed request body (RequestError for a bad one), or None when `gone()`
         said the client left before it was done."""
+        # lazy: strop.types pulls in torch, numpy, which importing this module does not need
         from strop import types
         from strop.renderers import get_text_content
         request = read_request(body, self.max_tokens_limit)
         if request.tools:
+            # lazy: strop.renderers.tools pulls in torch, numpy, which importing this module does not need
             from strop.renderers.tools import hermes_turn
             prompt = self.renderer.build_tool_prompt([hermes_turn(m) for m in request.messages], request.tools)
         else:
@@ -420,11 +427,8 @@ def make_server(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_ke
                 idle_timeout: float = IDLE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> ModelServer:
     """A server for `model` (a base model id or folder), optionally with a LoRA adapter directory on top. Prompts
     over `max_prompt_tokens` are refused; by default, over the model's context."""
-    import strop
-    from strop import model_info
-    from strop.models import resolve_model
+    # lazy: strop.renderers pulls in torch, numpy, which importing this module does not need
     from strop.renderers import get_renderer
-    from strop.tokenizer_utils import get_tokenizer
     base = base_path or model
     sampler = strop.ServiceClient().create_sampling_client(base_model=base, model_path=adapter)
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(base))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Iterator
@@ -153,6 +154,7 @@ def alembic_config(url: str | URL | None = None):
         from alembic import command
         command.revision(alembic_config("sqlite:////tmp/dev.db"), "add X", autogenerate=True, rev_id="0002")
     """
+    # lazy: alembic is heavy or optional, loaded only when this runs
     from alembic.config import Config
 
     config = Config()
@@ -256,6 +258,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _head_and_known() -> tuple[str, set[str]]:
+    # lazy: alembic is heavy or optional, loaded only when this runs
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(alembic_config())
@@ -264,6 +267,7 @@ def _head_and_known() -> tuple[str, set[str]]:
 
 def current_revision(engine: Engine) -> str | None:
     """The schema revision the database is at (None for an empty database)."""
+    # lazy: alembic is heavy or optional, loaded only when this runs
     from alembic.runtime.migration import MigrationContext
 
     with engine.execution_options(**{_READ_ONLY: True}).connect() as conn:
@@ -293,6 +297,7 @@ def _upgrade(engine: Engine) -> None:
 
 
 def _run_upgrade(engine: Engine, revision: str) -> None:
+    # lazy: alembic is heavy or optional, loaded only when this runs
     from alembic import command
 
     config = alembic_config()
@@ -329,10 +334,11 @@ def _file_lock(path: Path) -> Iterator[None]:
     # The lock file stays: removing it would race with a process that has just opened it.
     with open(path, "a+b") as handle:
         try:
+            # lazy: optional, its absence is handled here
             import fcntl
         except ImportError:  # Windows
+            # lazy: msvcrt is platform-specific
             import msvcrt
-            import time
 
             while True:
                 try:
