@@ -61,6 +61,27 @@ def register(nouns) -> None:
     add_output_flags(ev)
     ev.set_defaults(handler=_eval)
 
+    demos = verbs.add_parser(
+        "demos", help="write demonstrations: transcripts of a scripted agent, for a supervised warm start",
+        description="Write demonstrations of ENV's train split as JSON lines, one transcript per line in OpenAI's "
+                    "chat format ({\"messages\": [...], \"tools\": [...]}, assistant turns with tool_calls, tool "
+                    "results as role tool). A scripted agent solves each task the way a good agent would (list the "
+                    "tables, describe the ones it needs, query them, submit the number); in a --mistakes share of "
+                    "episodes it first uses a table or column name that does not exist, reads the error and "
+                    "recovers. Every transcript is played against the environment, and only answers it scored "
+                    "correct are kept. The evaluation splits are never demonstrated.",
+        epilog="examples:\n  strop envs demos finance-sql --n 300 -o demos.jsonl\n"
+               "  strop envs demos finance-sql --n 1000 --mistakes 0.4 --seed 1 -o more.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    demos.add_argument("name", metavar="ENV", help="an environment with a scripted agent: finance-sql")
+    demos.add_argument("-o", "--out", required=True, type=Path, help="the .jsonl file to write (must not exist)")
+    demos.add_argument("--n", type=int, default=300, help="demonstrations to write (default: %(default)s)")
+    demos.add_argument("--split", default="train", help="the split to demonstrate: train only (default)")
+    demos.add_argument("--mistakes", type=float, default=0.25,
+                       help="share of episodes that make a mistake and recover, 0 to 1 (default: %(default)s)")
+    demos.add_argument("--seed", type=int, default=0, help="environment seed (default: %(default)s)")
+    demos.set_defaults(handler=_demos)  # -o is the file here, so no output-format flags
+
     serve = verbs.add_parser(
         "serve", help="serve an environment over OpenEnv's protocol (WebSocket /ws, /health, /schema)",
         description="Serve ENV so OpenEnv clients (and strop's RemoteEnv) can use it; each connection gets its own "
@@ -182,6 +203,40 @@ def _eval(args) -> int:
                          f"p = {c['mcnemarP']:.3g} ({c['baselineOnly']} only baseline, {c['modelOnly']} only model)")
         return "\n".join(lines)
     emit(args, report, show)
+    return 0
+
+
+def _demos(args) -> int:
+    # lazy: the scripted agent and its environment load only for this command
+    from strop.envs.finance_data import MAX_COMPANIES
+    from strop.envs.finance_demos import demonstrations
+    from strop.envs.finance_sql import FinanceSQLEnv
+    if args.name != "finance-sql":
+        raise StropError(f"strop has a scripted agent for finance-sql only, not {args.name!r}; write demonstrations "
+                         "for another environment as OpenAI-format transcripts yourself")
+    if args.n < 1:
+        raise StropError(f"--n must be at least 1, got {args.n}")
+    if args.out.exists():
+        raise StropError(f"{args.out} exists; choose another -o (demonstrations are never written over a file)")
+    per_company = len(FinanceSQLEnv(seed=args.seed).tasks("train"))
+    companies = min(MAX_COMPANIES, -(-args.n // per_company))
+    env = FinanceSQLEnv(seed=args.seed, companies=companies)
+    partial = args.out.with_name(f".{args.out.name}.partial")
+    written = mistakes = recovered = 0
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "w", encoding="utf-8") as f:
+            for demo in demonstrations(env, split=args.split, n=args.n, mistakes=args.mistakes, seed=args.seed):
+                f.write(json.dumps({k: demo[k] for k in ("messages", "tools", "task", "mistake", "reward")}) + "\n")
+                written += 1
+                mistakes += demo["mistake"]
+                recovered += demo["state"].get("recoveries", 0) > 0
+        os.replace(partial, args.out)  # a failure part-way leaves no half-written file under the name asked for
+    finally:
+        partial.unlink(missing_ok=True)
+        env.close()
+    print(f"wrote {written} demonstrations to {args.out} ({mistakes} with a mistake, {recovered} recovered; "
+          f"{companies} compan{'y' if companies == 1 else 'ies'})")
     return 0
 
 

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from strop.data.gsm8k import fetch_split
+from strop.data import gsm8k
 from strop.data.row import Row
 from strop.data.synthetic import DEFAULT_LEVEL, generate
 from strop.errors import DatasetError
@@ -66,8 +66,7 @@ def load_rows(
         return generate(level, limit or DEFAULT_SYNTHETIC_COUNT[split], seed, split=split)
 
     if src.lower() in GSM8K_NAMES:
-
-        path = fetch_split(split)
+        path = gsm8k.fetch_split(split)
         rows = _rows_from_records(_read_parquet(path), columns, where=f"GSM8K {split} split ({path})")
         return rows[:limit] if limit else rows
 

@@ -1,0 +1,79 @@
+"""Demonstrations for a supervised warm start: transcripts the environment itself scores correct, some with a
+mistake and its recovery, from the train split only."""
+
+import json
+
+import pytest
+
+from strop.cli.main import main
+from strop.envs.base import ToolCall
+from strop.envs.finance_demos import demonstrations
+from strop.envs.finance_sql import FinanceSQLEnv
+from strop.errors import StropError
+from test_control import home  # noqa: F401 - a fresh STROP_HOME
+
+TOOL_NAMES = {"list_tables", "describe_table", "run_sql", "submit_answer"}
+
+
+def replay(messages: list[dict]) -> tuple[float, dict, dict]:
+    """Every tool call of a transcript, run again in a fresh environment: (reward, final state, its task)."""
+    env = FinanceSQLEnv(seed=0, companies=3)
+    try:
+        task_id = None
+        reward = 0.0
+        for message in messages:
+            for call in message.get("tool_calls") or []:
+                if task_id is None:
+                    raise AssertionError("a call before the task was read")
+                result = env.step(ToolCall(call["function"]["name"], json.loads(call["function"]["arguments"])))
+                reward = result.reward
+            if message["role"] == "user":
+                task = next(t for t in env.tasks("train") if t.prompt in message["content"])
+                env.reset(task)
+                task_id = task.id
+        return reward, env.state(), task
+    finally:
+        env.close()
+
+
+def test_demonstrations_are_transcripts_the_environment_scores_correct():
+    env = FinanceSQLEnv(seed=0, companies=3)
+    try:
+        demos = list(demonstrations(env, n=60, mistakes=0.3, seed=1))
+    finally:
+        env.close()
+    assert len(demos) == 60 and all("/train/" in d["task"] for d in demos)
+    assert 5 <= sum(d["mistake"] for d in demos) <= 35
+    for demo in demos:
+        roles = [m["role"] for m in demo["messages"]]
+        assert roles[0] == "user" and set(roles) <= {"user", "assistant", "tool"}
+        calls = [c for m in demo["messages"] for c in m.get("tool_calls") or []]
+        assert {c["function"]["name"] for c in calls} <= TOOL_NAMES and calls[-1]["function"]["name"] == "submit_answer"
+        assert calls[0]["function"]["name"] == "list_tables"   # discovery before any query
+        for m in demo["messages"]:
+            if m["role"] == "tool":
+                assert any(c["id"] == m["tool_call_id"] for c in calls)
+        reward, state, _ = replay(demo["messages"])
+        assert state["correct"] is True and reward >= 1.0, demo["task"]
+        assert state["tables_listed_before_query"] and state["hallucinated_columns"] + state["hallucinated_tables"] \
+            == (1 if demo["mistake"] else 0)
+        assert state["recoveries"] == (1 if demo["mistake"] else 0)   # a mistake is read and recovered from
+
+
+def test_only_the_train_split_is_demonstrated(home, tmp_path, capsys):  # noqa: F811
+    env = FinanceSQLEnv(seed=0)
+    with pytest.raises(StropError, match="train split only"):
+        next(demonstrations(env, split="eval-single", n=1))
+    env.close()
+    out = tmp_path / "demos.jsonl"
+    assert main(["envs", "demos", "finance-sql", "--n", "5", "-o", str(out)]) == 0
+    assert "wrote 5 demonstrations" in capsys.readouterr().out
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 5 and all(set(d) == {"messages", "tools", "task", "mistake", "reward"} for d in lines)
+    before = out.read_text()
+    assert main(["envs", "demos", "finance-sql", "--n", "5", "-o", str(out)]) == 1    # never over a file
+    assert main(["envs", "demos", "finance-sql", "--split", "eval-multi", "-o", str(tmp_path / "x.jsonl")]) == 1
+    assert main(["envs", "demos", "toy", "-o", str(tmp_path / "y.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert "exists" in err and "train split only" in err and "finance-sql only" in err
+    assert out.read_text() == before and sorted(p.name for p in tmp_path.iterdir() if p.name != "home") == ["demos.jsonl"]
