@@ -18,14 +18,16 @@ API_SURFACE = {"types", "client", "renderers", "model_info", "tokenizer_utils", 
 FORBIDDEN = {
     **{(p, "store"): "the store is the control plane's" for p in
        ("cli", "rl", "evals", "report", "serve", "client", "types", "renderers", "engine", "models", "scoring",
-        "data", "envs")},
+        "data", "envs", "sft")},
     **{("engine", p): "the engine serves the layers above it" for p in
-       ("rl", "evals", "control", "cli", "serve", "report", "client", "renderers", "scoring", "envs", "data")},
+       ("rl", "sft", "evals", "control", "cli", "serve", "report", "client", "renderers", "scoring", "envs", "data")},
     **{("evals", p): "evaluation is used by the control plane, not the other way" for p in ("control", "cli")},
-    **{("rl", p): "the loop is used by the control plane, not the other way" for p in ("control", "cli", "evals")},
+    **{(loop, p): "the loop is used by the control plane, not the other way" for loop in ("rl", "sft")
+       for p in ("control", "cli", "evals")},
     **{(p, q): "the API surface does not reach up or into environments" for p in API_SURFACE for q in
-       ("envs", "rl", "evals", "control", "cli", "serve", "report", "scoring")},
-    **{("rl", p): "the loop reaches the engine and the models through the client" for p in ("engine", "models")},
+       ("envs", "rl", "sft", "evals", "control", "cli", "serve", "report", "scoring")},
+    **{(loop, p): "the loop reaches the engine and the models through the client" for loop in ("rl", "sft")
+       for p in ("engine", "models")},
 }
 # Imports a rule above would refuse but the design wants, with why.
 ALLOWED = {

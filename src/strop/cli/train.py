@@ -59,6 +59,16 @@ def register(nouns) -> None:
     p.add_argument("--keep-adapters", type=int, default=4, help="checkpoints kept (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed for data order, LoRA init and sampling")
     p.add_argument("--run-dir", type=Path, help="run folder (default: $STROP_HOME/runs/<time>-<model>)")
+    p.add_argument("--method", choices=("grpo", "sft"), default="grpo",
+                   help="grpo (default), or sft: supervised fine-tuning on --dataset FILE.jsonl of chat transcripts "
+                        "({\"messages\": [...], \"tools\": [...]}, e.g. from `strop envs demos`) or prompt/completion "
+                        "pairs, the assistant's tokens only; takes --steps --epochs --batch-size --lr --rank "
+                        "--save-every --keep-adapters --seed and the three flags below")
+    p.add_argument("--max-seq-length", type=int, default=2048,
+                   help="sft: refuse examples longer than this many tokens (default: %(default)s)")
+    p.add_argument("--eval-fraction", type=float, default=0.1,
+                   help="sft: share of the examples held out for the held-out loss (default: %(default)s)")
+    p.add_argument("--eval-every", type=int, help="sft: held-out loss every N steps (default: first and last only)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_output_flags(p)
     p.set_defaults(handler=run)
@@ -108,7 +118,14 @@ def parse_reward(spec: str) -> dict:
         raise StropError(f"--reward {spec!r}: the weight after '=' must be a number, e.g. builtin:gsm8k=1.0") from None
 
 
+# flags only GRPO reads: refused with --method sft when set to anything but their default
+GRPO_ONLY = ("--limit", "--reward", "--group-size", "--max-tokens", "--temperature", "--kl-beta", "--loss",
+             "--scale-by-std", "--system-prompt", "--question-suffix")
+
+
 def run(args) -> int:
+    if args.method == "sft":
+        return run_sft_command(args)
     # lazy: strop.rl.grpo pulls in torch, transformers, which importing this module does not need
     from strop.rl import run_grpo
 
@@ -131,6 +148,47 @@ def run(args) -> int:
                "lastReward": last.get("reward"), "metrics": str(result.run_dir / "metrics.jsonl")}
     emit(args, summary, lambda s: _table(result.metrics) + f"\n\nrun folder: {s['runDir']}\ntuned adapter: {s['finalAdapter']}")
     return 0
+
+
+def run_sft_command(args) -> int:
+    # lazy: the trainer pulls in torch, transformers and peft
+    from strop.sft import SFTConfig, run_sft
+    defaults = build_defaults()
+    given = [flag for flag in GRPO_ONLY if getattr(args, flag[2:].replace("-", "_")) != defaults[flag]]
+    if given:
+        raise StropError(f"{', '.join(given)}: {'a GRPO setting' if len(given) == 1 else 'GRPO settings'}, which "
+                         "--method sft does not take")
+    if args.dataset == defaults["--dataset"]:
+        raise StropError("--method sft needs --dataset FILE.jsonl: chat transcripts ({\"messages\": [...]}, e.g. from "
+                         "`strop envs demos finance-sql -o demos.jsonl`) or {\"prompt\", \"completion\"} pairs")
+    try:
+        config = SFTConfig(base_model=args.base_model, dataset=args.dataset, eval_fraction=args.eval_fraction,
+                           epochs=args.epochs, max_steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
+                           lora_rank=args.rank, max_seq_length=args.max_seq_length, eval_every=args.eval_every,
+                           save_every=args.save_every, keep_adapters=args.keep_adapters, seed=args.seed)
+    except StropError as exc:
+        raise StropError(str(exc).replace("invalid supervised config", "invalid flags")) from None
+    run_dir = args.run_dir or runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-sft-{safe_name(args.base_model)}"
+    result = run_sft(config, run_dir, progress=not args.quiet)
+    steps = [m for m in result.metrics if m["step"] >= 0]
+    evals = [m["evalLoss"] for m in result.metrics if m.get("evalLoss") is not None]
+    summary = {"runDir": str(result.run_dir), "steps": result.steps, "finalAdapter": str(result.final_adapter),
+               "firstLoss": steps[0]["loss"] if steps else None, "lastLoss": steps[-1]["loss"] if steps else None,
+               "heldOutLossBefore": evals[0] if evals else None, "heldOutLossAfter": evals[-1] if evals else None,
+               "metrics": str(result.run_dir / "metrics.jsonl")}
+    emit(args, summary, lambda s: format_table(steps, [("step", "STEP"), ("loss", "LOSS"), ("evalLoss", "HELD-OUT"),
+                                                       ("trainedTokens", "TOKENS"), ("stepSeconds", "SECONDS")])
+         + f"\n\nrun folder: {s['runDir']}\ntuned adapter: {s['finalAdapter']}")
+    return 0
+
+
+def build_defaults() -> dict:
+    """Each flag of `strop train` -> its default."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    action_of = {option: action for action in parser._subparsers._group_actions[0].choices["train"]._actions
+                 for option in action.option_strings}
+    return {flag: action.default for flag, action in action_of.items()}
 
 
 def _table(metrics: list[dict]) -> str:

@@ -250,7 +250,7 @@ class LoraTrainer:
             grad = torch.enable_grad() if backward else torch.no_grad()
             with grad, self._autocast():
                 loss, per_datum, stats = self._batch_loss([datums[i] for i in batch], loss_fn, config)
-            if backward:
+            if backward and loss.requires_grad:  # a micro-batch with nothing to train (all weights 0) has no graph
                 loss.backward()
             for i, out in zip(batch, per_datum):
                 outputs[i] = out

@@ -1,0 +1,176 @@
+"""Supervised fine-tuning with LoRA: the warm start before GRPO (a model that never writes a valid tool call gives
+GRPO no signal to learn from).
+
+    from strop.sft import SFTConfig, run_sft
+    result = run_sft(SFTConfig(base_model="strop/tiny-random", dataset="demos.jsonl", max_steps=20), "runs/sft")
+
+The loop is Tinker's supervised recipe over strop's primitives: each step takes `batch_size` examples,
+`forward_backward(loss_fn="cross_entropy")` with weights 1 on the assistant's tokens only, then `optim_step`.
+A share of the examples (`eval_fraction`, at least one) is held out, and their loss per trained token is
+measured before the first step, every `eval_every` steps and at the end. The run folder is a GRPO run's:
+config.json, metrics.jsonl (loss per trained token, tokens, seconds, held-out loss), TensorBoard events,
+checkpoints/ and final/ (the adapter, which GRPO can start from); running again on the same folder resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from strop import model_info, types
+from strop.client import ServiceClient
+from strop.errors import StropError
+from strop.renderers import get_renderer
+from strop.rl import checkpoints
+from strop.rl.limits import LIMITS
+from strop.rl.metrics import RunLog, read_jsonl
+from strop.sft.data import Example, load_examples
+
+
+@dataclass
+class SFTConfig:
+    base_model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    dataset: str = ""                      # a .jsonl of transcripts or prompt/completion pairs (strop.sft.data)
+    eval_fraction: float = 0.1             # held out for the held-out loss (at least one example)
+    epochs: int = 1
+    max_steps: int | None = None           # the number of steps, the examples reshuffled each pass
+    batch_size: int = 8
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 1.0
+    lora_rank: int = 32
+    lora_alpha: float | None = None
+    max_seq_length: int = 2048
+    eval_every: int | None = None          # held-out loss every N steps (always before the first and at the end)
+    save_every: int = 10
+    keep_adapters: int = 4
+    seed: int = 0
+    renderer: str | None = None
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise StropError("invalid supervised config:\n  " + "\n  ".join(problems))
+
+    def problems(self) -> list[str]:
+        found = []
+        for f in fields(self):
+            if f.name in LIMITS:
+                problem = LIMITS[f.name].problem(getattr(self, f.name))
+                if problem:
+                    found.append(f"{f.name}: {problem}")
+        if not isinstance(self.dataset, str) or not self.dataset:
+            found.append("dataset: give a .jsonl file of chat transcripts or prompt/completion pairs")
+        if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
+            found.append(f"eval_fraction: must be a share from 0 up to (not including) 1, got {self.eval_fraction!r}")
+        return found
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SFTResult:
+    run_dir: Path
+    steps: int
+    final_adapter: Path
+    metrics: list[dict]
+
+
+def example_datum(example: Example) -> types.Datum:
+    """The datum of one example: input = tokens[:-1], targets = tokens[1:], each target weighted by its token."""
+    tokens = list(example.tokens)
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
+        "target_tokens": types.TensorData.from_torch(torch.tensor(tokens[1:])),
+        "weights": types.TensorData.from_torch(torch.tensor(list(example.weights[1:]), dtype=torch.float32))})
+
+
+def split_examples(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """(train, held out): a seeded share held out, at least one when there are two or more examples."""
+    order = list(range(len(examples)))
+    random.Random(f"sft-split:{seed}").shuffle(order)
+    held = max(1, round(len(examples) * fraction)) if fraction > 0 and len(examples) > 1 else 0
+    return [examples[i] for i in sorted(order[held:])], [examples[i] for i in sorted(order[:held])]
+
+
+def held_out_loss(training, examples: list[Example], batch_size: int) -> float | None:
+    """Loss per trained token over `examples`, under the current weights (no gradient)."""
+    if not examples:
+        return None
+    total, tokens = 0.0, 0
+    for start in range(0, len(examples), batch_size):
+        batch = examples[start:start + batch_size]
+        out = training.forward([example_datum(e) for e in batch], loss_fn="cross_entropy").result()
+        total += out.metrics["loss:sum"]
+        tokens += sum(e.trained - (e.weights[0] > 0) for e in batch)
+    return total / tokens if tokens else None
+
+
+def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | None = None,
+            progress: bool = True) -> SFTResult:
+    run_dir = Path(run_dir)
+    service = service or ServiceClient()
+    training = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
+                                                   alpha=config.lora_alpha, seed=config.seed)
+    renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
+                            training.get_tokenizer())
+    # every line checked before the run folder exists: a bad file leaves nothing behind
+    train, held = split_examples(load_examples(config.dataset, renderer, max_seq_length=config.max_seq_length),
+                                 config.eval_fraction, config.seed)
+    per_pass = max(1, math.ceil(len(train) / config.batch_size))
+    steps = config.max_steps or config.epochs * per_pass
+    adam = types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
+                            weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = 0
+    found = checkpoints.latest(run_dir)
+    if found:
+        start, path = found
+        training.load_state(str(path)).result()
+    (run_dir / "config.json").write_text(json.dumps({"method": "sft", **config.to_dict()}, indent=2))
+    log = RunLog(run_dir, start_step=start)
+    bar = tqdm(total=steps, initial=start, desc="SFT", unit="step", file=sys.stderr, dynamic_ncols=True) \
+        if progress else None
+    try:
+        if start == 0 and held:
+            log.write_step({"step": -1, "evalLoss": held_out_loss(training, held, config.batch_size)})
+        for step in range(start, steps):
+            epoch, within = divmod(step, per_pass)
+            order = list(range(len(train)))
+            random.Random(config.seed * 1000 + epoch).shuffle(order)
+            batch = [train[i] for i in order[within * config.batch_size:(within + 1) * config.batch_size]]
+            t0 = time.perf_counter()
+            out = training.forward_backward([example_datum(e) for e in batch], loss_fn="cross_entropy").result()
+            optim = training.optim_step(adam).result().metrics
+            seconds = time.perf_counter() - t0
+            trained = sum(e.trained - (e.weights[0] > 0) for e in batch)
+            row = {"step": step, "epoch": epoch, "loss": out.metrics["loss:sum"] / max(1, trained),
+                   "trainedTokens": trained, "tokens": sum(len(e.tokens) for e in batch),
+                   "tokensPerSecond": sum(len(e.tokens) for e in batch) / seconds if seconds > 0 else 0.0,
+                   "stepSeconds": seconds, "gradNorm": optim.get("grad_norm", 0.0),
+                   "learningRate": config.learning_rate}
+            last = step + 1 == steps
+            if held and (last or (config.eval_every and (step + 1) % config.eval_every == 0)):
+                row["evalLoss"] = held_out_loss(training, held, config.batch_size)
+            log.write_step(row)
+            if bar is not None:
+                bar.set_postfix(loss=f"{row['loss']:.3f}", **({"eval": f"{row['evalLoss']:.3f}"}
+                                                              if "evalLoss" in row else {}))
+                bar.update(1)
+            if (step + 1) % config.save_every == 0 or last:
+                checkpoints.save(training, run_dir, step + 1, config.keep_adapters)
+    finally:
+        log.close()
+        if bar is not None:
+            bar.close()
+    final = Path(training.save_weights(str(run_dir / "final")).result().path)
+    return SFTResult(run_dir=run_dir, steps=steps, final_adapter=final, metrics=read_jsonl(run_dir / "metrics.jsonl"))

@@ -1,0 +1,137 @@
+"""Supervised fine-tuning: only the assistant's tokens are trained, bad files are refused by line, and a few
+steps on the tiny model lower the held-out loss."""
+
+import json
+
+import pytest
+import torch
+
+import strop
+from strop import model_info
+from strop.envs.finance_demos import demonstrations
+from strop.envs.finance_sql import FinanceSQLEnv
+from strop.errors import DatasetError
+from strop.renderers import get_renderer
+from strop.sft import SFTConfig, run_sft
+from strop.sft.data import load_examples, render_conversation
+from strop.sft.loop import example_datum
+from strop.tokenizer_utils import get_tokenizer
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+        {"role": "tool", "tool_call_id": "c0", "content": "5"},
+        {"role": "assistant", "content": "The sum is 5."}]
+
+
+def _renderer(model):
+    return get_renderer(model_info.get_recommended_renderer_name(str(model)), get_tokenizer(str(model)))
+
+
+def test_only_the_assistant_turns_carry_weight(tiny_model_dir):
+    renderer = _renderer(tiny_model_dir)
+    tokens, weights = render_conversation(renderer, CHAT, TOOLS)
+    trained = renderer.tokenizer.decode([t for t, w in zip(tokens, weights) if w])
+    assert '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>' in trained
+    assert "The sum is 5." in trained and trained.count("<|im_end|>") == 2   # each turn learns to end
+    untrained = renderer.tokenizer.decode([t for t, w in zip(tokens, weights) if not w])
+    assert "What is 2 + 3?" in untrained and "<tool_response>\n5\n</tool_response>" in untrained
+    assert "Be brief." in untrained and '"name": "add"' in untrained and "The sum" not in untrained
+    # the conversation up to the second reply is exactly what a rollout's prompt renders
+    prompt = renderer.build_tool_prompt(
+        [CHAT[0], CHAT[1], {"role": "assistant", "content": trained.split("<|im_end|>")[0]}, CHAT[3]], TOOLS)
+    assert tokens[:prompt.length] == prompt.to_ints()
+
+
+def test_the_other_tokens_get_no_gradient(tiny_model_dir, tmp_path):
+    renderer = _renderer(tiny_model_dir)
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"messages": CHAT, "tools": TOOLS}) + "\n")
+    [example] = load_examples(path, renderer, max_seq_length=4096)
+    training = strop.ServiceClient().create_lora_training_client(base_model=str(tiny_model_dir), rank=4, seed=0)
+    params = [p for p in training.trainer.model.parameters() if p.requires_grad]
+
+    def gradients(datum):
+        training.trainer.model.zero_grad(set_to_none=True)
+        training.forward_backward([datum], loss_fn="cross_entropy").result()
+        return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
+
+    datum = example_datum(example)
+    targets = datum.loss_fn_inputs["target_tokens"].to_torch().clone()
+    weights = datum.loss_fn_inputs["weights"].to_torch()
+    changed = targets.clone()
+    changed[weights == 0] = (changed[weights == 0] + 7) % 100     # other targets where nothing is trained
+    other = strop.types.Datum(model_input=datum.model_input, loss_fn_inputs={
+        "target_tokens": strop.types.TensorData.from_torch(changed), "weights": datum.loss_fn_inputs["weights"]})
+    first, second = gradients(datum), gradients(other)
+    assert any(g.abs().sum() > 0 for g in first)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    masked = strop.types.Datum(model_input=datum.model_input, loss_fn_inputs={
+        "target_tokens": datum.loss_fn_inputs["target_tokens"],
+        "weights": strop.types.TensorData.from_torch(torch.zeros_like(weights))})
+    assert all(g.abs().sum() == 0 for g in gradients(masked))
+
+
+@pytest.mark.parametrize("line, expected", [
+    ({"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "y"}]}, "unknown role 'wizard'"),
+    ({"messages": CHAT, "tools": []}, "a call to 'add', which the line's tools do not declare"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "no assistant turn"),
+    ({"prompt": "x" * 5000, "completion": "y"}, "over maxSeqLength 256"),
+    ({"prompt": 3}, "either messages"),
+])
+def test_a_bad_line_is_named_and_nothing_is_written(tiny_model_dir, tmp_path, line, expected):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "fine", "completion": "ok"}) + "\n" + json.dumps(line) + "\n")
+    config = SFTConfig(base_model=str(tiny_model_dir), dataset=str(path), max_seq_length=256, max_steps=1)
+    with pytest.raises(DatasetError, match="line 2") as caught:
+        run_sft(config, tmp_path / "run", progress=False)
+    assert expected in str(caught.value) and not (tmp_path / "run").exists()
+
+
+def test_all_empty_assistant_turns_are_refused(tiny_model_dir, tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]})
+                    + "\n")
+    renderer = _renderer(tiny_model_dir)
+    with pytest.raises(DatasetError, match="every assistant turn is empty"):
+        load_examples(path, renderer, max_seq_length=256)
+    with open(path, "a") as f:   # one real reply among empty ones is data
+        f.write(json.dumps({"prompt": "x", "completion": "y"}) + "\n")
+    assert len(load_examples(path, renderer, max_seq_length=256)) == 2
+
+
+def test_sft_on_demonstrations_lowers_the_held_out_loss_and_resumes(tiny_model_dir, tmp_path):
+    env = FinanceSQLEnv(seed=0)
+    try:
+        demos = list(demonstrations(env, n=24, mistakes=0.25, seed=0))
+    finally:
+        env.close()
+    data = tmp_path / "demos.jsonl"
+    data.write_text("".join(json.dumps({"messages": d["messages"], "tools": d["tools"]}) + "\n" for d in demos))
+    config = SFTConfig(base_model=str(tiny_model_dir), dataset=str(data), eval_fraction=0.25, batch_size=4,
+                       max_steps=12, learning_rate=1e-2, lora_rank=16, max_seq_length=8192, save_every=6, seed=0)
+    result = run_sft(config, tmp_path / "run", progress=False)
+    evals = [m["evalLoss"] for m in result.metrics if "evalLoss" in m]
+    assert len(evals) == 2 and evals[1] < evals[0] - 0.3, evals   # measured: 6.91 -> 6.32 nats per token
+    assert [m["step"] for m in result.metrics if m["step"] >= 0] == list(range(12))
+    assert (result.final_adapter / "adapter_config.json").exists()
+    assert (tmp_path / "run" / "checkpoints" / "step-000012").is_dir()
+    again = run_sft(SFTConfig(**{**config.to_dict(), "max_steps": 14}), tmp_path / "run", progress=False)
+    assert [m["step"] for m in again.metrics if m["step"] >= 0] == list(range(14))   # resumed at step 12
+
+
+def test_strop_train_method_sft(tiny_model_dir, tmp_path, capsys):
+    from strop.cli.main import main
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "completion": f"{i + 1}"}) + "\n"
+                            for i in range(12)))
+    code = main(["train", "--method", "sft", "--base-model", str(tiny_model_dir), "--dataset", str(data), "--steps",
+                 "2", "--batch-size", "4", "--run-dir", str(tmp_path / "run"), "--quiet", "-o", "json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["steps"] == 2 and summary["heldOutLossAfter"] is not None
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["method"] == "sft"
+    assert main(["train", "--method", "sft", "--dataset", str(data), "--reward", "builtin:gsm8k"]) == 1
+    assert "--reward: a GRPO setting, which --method sft does not take" in capsys.readouterr().err
