@@ -89,6 +89,17 @@ def latest(run_dir: Path) -> tuple[int, Path] | None:
     return None
 
 
+def resume(training_client, run_dir: Path) -> int:
+    """Make the run folder and load its newest good checkpoint into the client; the step to start from (0: none)."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    found = latest(run_dir)
+    if not found:
+        return 0
+    step, path = found
+    training_client.load_state(str(path)).result()
+    return step
+
+
 def prune(run_dir: Path, keep: int) -> None:
     paths = sorted((Path(run_dir) / "checkpoints").glob("step-*"))
     for path in paths[: max(0, len(paths) - keep)]:

@@ -166,12 +166,7 @@ def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, ser
     training.set_micro_batch_tokens(memory["tokensPerMicroBatch"])
     base_sampler = service.create_sampling_client(base_model=config.base_model) if config.kl_beta > 0 else None
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start_step = 0
-    found = checkpoints.latest(run_dir)
-    if found:
-        start_step, path = found
-        training.load_state(str(path)).result()
+    start_step = checkpoints.resume(training, run_dir)
     config.save(run_dir / "config.json")
     if announce:
         print(f"run folder: {run_dir}" + (f" (resuming at step {start_step})" if start_step else ""), file=sys.stderr)

@@ -40,7 +40,8 @@ class StepContext:
     base_sampler: object = None  # the model with the adapter off, when klBeta > 0
 
 
-def adam_params(config: GRPOConfig) -> types.AdamParams:
+def adam_params(config) -> types.AdamParams:
+    """AdamW as strop's loops use it, from a config's learning_rate, weight_decay and grad_clip_norm."""
     return types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
                             weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
 

@@ -32,6 +32,7 @@ from strop.renderers import get_renderer
 from strop.rl import checkpoints
 from strop.rl.limits import LIMITS
 from strop.rl.metrics import RunLog, read_jsonl
+from strop.rl.step import adam_params
 from strop.sft.data import Example, load_examples
 
 
@@ -127,15 +128,8 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
                                  config.eval_fraction, config.seed)
     per_pass = max(1, math.ceil(len(train) / config.batch_size))
     steps = config.max_steps or config.epochs * per_pass
-    adam = types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
-                            weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = 0
-    found = checkpoints.latest(run_dir)
-    if found:
-        start, path = found
-        training.load_state(str(path)).result()
+    adam = adam_params(config)
+    start = checkpoints.resume(training, run_dir)
     (run_dir / "config.json").write_text(json.dumps({"method": "sft", **config.to_dict()}, indent=2))
     log = RunLog(run_dir, start_step=start)
     bar = tqdm(total=steps, initial=start, desc="SFT", unit="step", file=sys.stderr, dynamic_ncols=True) \
