@@ -135,3 +135,29 @@ def test_strop_train_method_sft(tiny_model_dir, tmp_path, capsys):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["method"] == "sft"
     assert main(["train", "--method", "sft", "--dataset", str(data), "--reward", "builtin:gsm8k"]) == 1
     assert "--reward: a GRPO setting, which --method sft does not take" in capsys.readouterr().err
+
+
+def test_grpo_continues_from_the_supervised_adapter(tiny_model_dir, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from strop.cli.main import main
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} + 2?", "completion": f"{i + 2}"}) + "\n"
+                            for i in range(12)))
+    assert main(["train", "--method", "sft", "--base-model", str(tiny_model_dir), "--dataset", str(data), "--steps",
+                 "2", "--batch-size", "4", "--rank", "8", "--lr", "0.01", "--run-dir", str(tmp_path / "sft"),
+                 "--quiet"]) == 0
+    adapter = tmp_path / "sft" / "final"
+    training = strop.ServiceClient().create_training_client_from_adapter(str(tiny_model_dir), adapter, seed=5)
+    saved = load_file(str(adapter / "adapter_model.safetensors"))
+    state = training.trainer.lora_state_dict()
+    assert training.trainer.config.r == 8 and len(state) == len(saved)
+    assert all(torch.equal(state[k], saved[k]) for k in saved)       # the SFT weights, not a fresh init
+    code = main(["train", "--base-model", str(tiny_model_dir), "--init-adapter", str(adapter), "--steps", "1",
+                 "--group-size", "2", "--batch-size", "2", "--max-tokens", "4", "--run-dir", str(tmp_path / "rl"),
+                 "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "rl" / "config.json").read_text())["init_adapter"] == str(adapter.resolve())
+    capsys.readouterr()
+    assert main(["train", "--base-model", str(tiny_model_dir), "--init-adapter", str(tmp_path), "--steps", "1"]) == 1
+    assert "--init-adapter (init_adapter)" in capsys.readouterr().err and not (tmp_path / "rl2").exists()

@@ -15,6 +15,7 @@ submits a hundred prompts before collecting any gets batched generation without 
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -224,6 +225,23 @@ class ServiceClient:
         trainer = LoraTrainer(self.backend.model_dir(base_model), rank=rank, alpha=alpha,
                               target_modules=target_modules, seed=seed or 0, compute_dtype=DTYPES[compute_dtype])
         return TrainingClient(self.backend, base_model, trainer)
+
+    def create_training_client_from_adapter(self, base_model: str, adapter: str | Path, seed: int | None = None,
+                                            compute_dtype: str = "float32") -> TrainingClient:
+        """A LoRA training client that starts from a saved adapter's weights, with its rank, alpha and target
+        modules (a strop extension: GRPO continuing from a supervised warm start). The optimizer starts fresh."""
+        config_file = Path(adapter) / "adapter_config.json"
+        try:
+            settings = json.loads(config_file.read_text())
+            rank, alpha, targets = int(settings["r"]), settings.get("lora_alpha"), settings.get("target_modules")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StropError(f"{adapter} is not a LoRA adapter folder (its adapter_config.json: {exc}); pass a "
+                             "folder TrainingClient.save_weights wrote, such as a run's final/") from None
+        client = self.create_lora_training_client(base_model=base_model, rank=rank, alpha=alpha, seed=seed,
+                                                  target_modules=sorted(targets) if targets else None,
+                                                  compute_dtype=compute_dtype)
+        client.trainer.load_state(adapter, with_optimizer=False)
+        return client
 
     def create_training_client_from_state(self, path: str, base_model: str, rank: int = 32) -> TrainingClient:
         client = self.create_lora_training_client(base_model=base_model, rank=rank)

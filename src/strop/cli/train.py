@@ -59,6 +59,9 @@ def register(nouns) -> None:
     p.add_argument("--keep-adapters", type=int, default=4, help="checkpoints kept (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed for data order, LoRA init and sampling")
     p.add_argument("--run-dir", type=Path, help="run folder (default: $STROP_HOME/runs/<time>-<model>)")
+    p.add_argument("--init-adapter", metavar="DIR",
+                   help="start from this LoRA adapter folder (e.g. a supervised run's final/): its weights, rank, "
+                        "alpha and target modules; --rank is then ignored")
     p.add_argument("--method", choices=("grpo", "sft"), default="grpo",
                    help="grpo (default), or sft: supervised fine-tuning on --dataset FILE.jsonl of chat transcripts "
                         "({\"messages\": [...], \"tools\": [...]}, e.g. from `strop envs demos`) or prompt/completion "
@@ -83,12 +86,14 @@ FLAG_FIELDS = {"--base-model": "base_model", "--dataset": "dataset", "--limit": 
                "--temperature": "temperature", "--kl-beta": "kl_beta", "--loss": "loss_fn",
                "--scale-by-std": "scale_by_std", "--system-prompt": "system_prompt",
                "--question-suffix": "question_suffix", "--save-every": "save_every",
-               "--keep-adapters": "keep_adapters", "--seed": "seed"}
+               "--keep-adapters": "keep_adapters", "--seed": "seed", "--init-adapter": "init_adapter"}
 
 
 def config_values(args, rewards: list[dict]) -> dict:
     """The run config's values the flags give (a flag left out keeps the config's default)."""
     values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in FLAG_FIELDS.items()}
+    if values["init_adapter"]:  # absolute, so a resumed run finds it wherever it is started from
+        values["init_adapter"] = str(Path(values["init_adapter"]).resolve())
     return {**{k: v for k, v in values.items() if v is not None}, "reward_terms": rewards}
 
 
@@ -165,7 +170,8 @@ def run_sft_command(args) -> int:
         config = SFTConfig(base_model=args.base_model, dataset=args.dataset, eval_fraction=args.eval_fraction,
                            epochs=args.epochs, max_steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
                            lora_rank=args.rank, max_seq_length=args.max_seq_length, eval_every=args.eval_every,
-                           save_every=args.save_every, keep_adapters=args.keep_adapters, seed=args.seed)
+                           save_every=args.save_every, keep_adapters=args.keep_adapters, seed=args.seed,
+                           init_adapter=str(Path(args.init_adapter).resolve()) if args.init_adapter else None)
     except StropError as exc:
         raise StropError(str(exc).replace("invalid supervised config", "invalid flags")) from None
     run_dir = args.run_dir or runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-sft-{safe_name(args.base_model)}"

@@ -33,7 +33,7 @@ from strop.paths import runs_dir
 from strop.rl.config import plan_steps
 from strop.scoring import confine
 from strop.store import open_store, session_scope
-from strop.store.schema import FINISHED_STATUSES, Evaluation, Project, Run, RunStep, utcnow
+from strop.store.schema import FINISHED_STATUSES, Evaluation, Model, Project, Run, RunStep, utcnow
 from strop.tokenizer_utils import get_tokenizer
 
 
@@ -59,7 +59,7 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
     except StropError as exc:
         problems.append(f"$.project: {exc}")
     try:
-        pinned["baseModel"] = {"id": descriptor.base_model, "path": base_models.require_selected(descriptor.base_model)}
+        pinned["baseModel"] = pin_base_model(descriptor.base_model)
     except StropError as exc:
         problems.append(f"$.baseModel: {exc}")
     if descriptor.config.environment is not None:
@@ -140,6 +140,32 @@ def _probe_environment(env, get_env) -> list[str]:
             pass
 
 
+def pin_base_model(ref: str) -> dict:
+    """What a run starts from: a selected base model {id, path}, or a tuned model (`model-...`), which pins its
+    base model and its adapter's artifact, so the run continues from that adapter (a warm start, then GRPO)."""
+    if not ref.startswith("model-"):
+        return {"id": ref, "path": base_models.require_selected(ref)}
+    with session_scope(open_store(), read_only=True) as s:
+        model = s.get(Model, ref)
+        if model is None:
+            raise StropError(f"no tuned model {ref!r}; `strop models list` shows them")
+        if not model.artifact_sha256:
+            raise StropError(f"tuned model {ref} has no stored adapter to start from")
+        return {"id": model.base_model, "path": base_models.require_selected(model.base_model),
+                "initModel": {"modelId": model.id, "sha256": model.artifact_sha256, "runId": model.run_id}}
+
+
+def lineage(pinned: dict, model_id: str | None) -> list[dict]:
+    """Base model -> the tuned model a run started from (if any) -> the model it made (once it has)."""
+    base = pinned.get("baseModel") or {}
+    steps = [{"baseModel": base.get("id")}] if base else []
+    if "initModel" in base:
+        steps.append({"modelId": base["initModel"]["modelId"], "runId": base["initModel"]["runId"]})
+    if model_id:
+        steps.append({"modelId": model_id})
+    return steps
+
+
 def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
     """The run's estimated peak memory against what is available, from its real prompts (as the loop builds
     them) and sizes; one problem line when it would not fit."""
@@ -152,7 +178,7 @@ def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
         named.symlink_to(path)
         rows = load_rows(str(named), limit=2000)
     model_dir = pinned["baseModel"]["path"]
-    renderer = get_renderer(model_info.get_recommended_renderer_name(descriptor.base_model), get_tokenizer(model_dir))
+    renderer = get_renderer(model_info.get_recommended_renderer_name(pinned["baseModel"]["id"]), get_tokenizer(model_dir))
     config = descriptor.to_grpo_config(str(path), [{"name": "x", "weight": 1.0, "grader": "builtin:gsm8k"}],
                                        base_model=model_dir)
     try:
@@ -172,7 +198,7 @@ def start(descriptor_path: str | Path, *, dry_run: bool = False) -> dict:
     with session_scope(open_store()) as s:
         project = s.scalar(select(Project).where(Project.name == descriptor.project))
         run = Run(project_id=project.id, config_name=descriptor.config_name, descriptor=descriptor.to_dict(),
-                  status="pending", pinned=pinned, base_model=descriptor.base_model)
+                  status="pending", pinned=pinned, base_model=pinned["baseModel"]["id"])
         s.add(run)
         s.flush()
         run_id = run.id
@@ -218,6 +244,7 @@ def _as_dict(run: Run, project: str, evaluations: list[str] | None = None) -> di
             "steps": plan.get("steps"), "passes": plan.get("passes"),
             "passesMade": math.ceil((run.current_step or 0) / per_pass) if per_pass else None,
             "baseModel": run.base_model, "modelId": run.model_id, "pinned": run.pinned,
+            "lineage": lineage(run.pinned or {}, run.model_id),
             "workerPid": run.worker_pid if run.status in ("pending", "running") else None,
             "workerHost": run.worker_host if run.status in ("pending", "running") else None,
             "createdAt": run.created_at.isoformat(), "startedAt": run.started_at and run.started_at.isoformat(),

@@ -49,9 +49,16 @@ def _set(run_id: str, **fields) -> None:
 def build_config(run: Run, folder: Path):
     """The GRPOConfig of a run, with its pinned dataset and bundles materialised locally."""
     descriptor = validate_descriptor(run.descriptor)
+    base = run.pinned["baseModel"]
+    common = {"base_model": base["path"], "renderer": model_info.get_recommended_renderer_name(base["id"])}
+    if "initModel" in base:  # continuing a tuned model: its adapter, unpacked from the artifact the run pinned
+        adapter = folder / "init-adapter"
+        if not adapter.exists() or artifacts.dir_sha256(adapter) != base["initModel"]["sha256"]:
+            shutil.rmtree(adapter, ignore_errors=True)
+            artifacts.extract_dir(base["initModel"]["sha256"], adapter)
+        common["init_adapter"] = str(adapter)
     if "environment" in run.pinned:
-        return descriptor.to_grpo_config(None, [], base_model=run.pinned["baseModel"]["path"],
-                                         renderer=model_info.get_recommended_renderer_name(descriptor.base_model))
+        return descriptor.to_grpo_config(None, [], **common)
     # artifacts are named by sha256 alone; the loader reads a file by its suffix, so copy it in with one
     _, version = registry.dataset_file(run.pinned["dataset"]["ref"])
     suffix = Path(version["source"] or "rows.jsonl").suffix or ".jsonl"
@@ -73,9 +80,7 @@ def build_config(run: Run, folder: Path):
         else:
             folder, _ = registry.bundle_dir(term["bundle"])
             refs.append(spec.grader_ref(folder))
-    return descriptor.to_grpo_config(str(dataset), descriptor.reward_term_specs(refs),
-                                     base_model=run.pinned["baseModel"]["path"],
-                                     renderer=model_info.get_recommended_renderer_name(descriptor.base_model))
+    return descriptor.to_grpo_config(str(dataset), descriptor.reward_term_specs(refs), **common)
 
 
 def evaluate_during(run: Run, folder: Path, max_tokens: int):

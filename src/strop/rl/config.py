@@ -57,6 +57,9 @@ class GRPOConfig:
     lora_rank: int = _help("LoRA rank", 32, descriptor=_HP + "lora.rank")
     lora_alpha: float | None = _help("LoRA alpha (None: equal to the rank, a scale of 1)", None,
                                      descriptor=_HP + "lora.alpha")
+    init_adapter: str | None = _help("start from this LoRA adapter folder (a supervised warm start's final/, a tuned "
+                                     "model's): its weights, rank, alpha and target modules; None: a fresh adapter",
+                                     None)
     lora_target_modules: list | None = _help("module names LoRA adapts (None: every attention and MLP projection)", None,
                                              descriptor=_HP + "lora.targetModules")
     temperature: float = _help("sampling temperature; logprobs are exact behaviour-policy logprobs only at 1.0", 1.0,
@@ -143,6 +146,10 @@ class GRPOConfig:
                 and self.max_seq_length <= self.max_completion_length:
             p.append(("max_seq_length", f"must exceed max_completion_length ({self.max_completion_length}) to "
                                         f"leave room for the prompt (got {self.max_seq_length})"))
+        if self.init_adapter is not None and not (isinstance(self.init_adapter, str)
+                                                  and (Path(self.init_adapter) / "adapter_config.json").is_file()):
+            p.append(("init_adapter", f"{str(self.init_adapter)[:200]!r} is not a LoRA adapter folder (no "
+                                      "adapter_config.json); pass a folder a run wrote, such as its final/"))
         if self.environment is not None:
             env = self.environment
             if not isinstance(env, dict) or not isinstance(env.get("name"), str) \

@@ -31,7 +31,7 @@ from strop.rl import checkpoints
 from strop.rl.config import GRPOConfig, count_steps
 from strop.rl.episodes import EnvironmentSource, EnvPool, ProblemSource, problem_messages
 from strop.rl.metrics import RunLog, read_jsonl
-from strop.rl.step import StepContext, adam_params, train_step
+from strop.rl.step import StepContext, adam_params, train_step, training_client
 from strop.scoring import terms_from_spec
 from strop.scoring.sandbox import SandboxPool
 
@@ -149,10 +149,7 @@ def _run_grpo(config: GRPOConfig, run_dir: Path, sandbox, *, service, progress, 
 def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, service, progress, announce,
            on_eval) -> RunResult:
     service = service or ServiceClient(sampler_dtype=config.sampler_dtype)
-    training = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
-                                                   alpha=config.lora_alpha, seed=config.seed,
-                                                   target_modules=config.lora_target_modules,
-                                                   compute_dtype=config.compute_dtype)
+    training = training_client(service, config)
     renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
                             training.get_tokenizer())
     if pool is not None:

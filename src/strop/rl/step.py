@@ -46,6 +46,17 @@ def adam_params(config) -> types.AdamParams:
                             weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
 
 
+def training_client(service, config):
+    """The run's training client: a fresh LoRA adapter, or the one in `config.init_adapter` to continue from."""
+    if getattr(config, "init_adapter", None):
+        return service.create_training_client_from_adapter(config.base_model, config.init_adapter, seed=config.seed,
+                                                           compute_dtype=getattr(config, "compute_dtype", "float32"))
+    return service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
+                                               alpha=config.lora_alpha, seed=config.seed,
+                                               target_modules=getattr(config, "lora_target_modules", None),
+                                               compute_dtype=getattr(config, "compute_dtype", "float32"))
+
+
 def step_seed(config: GRPOConfig, step: int) -> int:
     return config.seed * 1_000_003 + step * 1_009
 

@@ -32,7 +32,7 @@ from strop.renderers import get_renderer
 from strop.rl import checkpoints
 from strop.rl.limits import LIMITS
 from strop.rl.metrics import RunLog, read_jsonl
-from strop.rl.step import adam_params
+from strop.rl.step import adam_params, training_client
 from strop.sft.data import Example, load_examples
 
 
@@ -55,6 +55,7 @@ class SFTConfig:
     keep_adapters: int = 4
     seed: int = 0
     renderer: str | None = None
+    init_adapter: str | None = None        # continue from this adapter folder (its rank, alpha, targets)
 
     def __post_init__(self):
         problems = self.problems()
@@ -119,8 +120,7 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
             progress: bool = True) -> SFTResult:
     run_dir = Path(run_dir)
     service = service or ServiceClient()
-    training = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
-                                                   alpha=config.lora_alpha, seed=config.seed)
+    training = training_client(service, config)
     renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
                             training.get_tokenizer())
     # every line checked before the run folder exists: a bad file leaves nothing behind
