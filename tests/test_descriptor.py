@@ -117,7 +117,8 @@ def test_strict_types_no_coercion():
          '$.config.rlHyperparams.temperature: must be a number greater than 0, up to 10 (got "1.0")'),
         (("config", "rlHyperparams", "klBeta"), float("nan"),
          "$.config.rlHyperparams.klBeta: must be a number from 0 to 100 (got NaN)"),
-        (("config", "method"), "ppo", '$.config.method: must be "grpo" (got "ppo")'),
+        (("config", "method"), "ppo",
+         '$.config.method: must be "grpo", or "sft" (supervised fine-tuning on transcripts) (got "ppo")'),
         (("kind",), "Run", '$.kind: must be "run" (got "Run")'),
         (("project",), "", '$.project: must be a project name such as "gsm8k" (got ""); it is empty'),
         (("config", "dataset"), 7, "$.config.dataset: must be a registry dataset NAME or NAME@VERSION such as "
@@ -276,10 +277,11 @@ def test_load_descriptor_file_problems(tmp_path):
     assert str(twice) in str(caught.value).splitlines()[0]
 
 
-# What of a descriptor is not a loop setting: who runs it, where its data and rewards come from (resolved by the
-# control plane before the loop sees them), how many GPUs (read by admission).
+# What of a descriptor is not a GRPO loop setting: who runs it, where its data and rewards come from (resolved by
+# the control plane before the loop sees them), how many GPUs (read by admission), the supervised method's own
+# settings (null in a GRPO descriptor, which may not give them).
 NOT_LOOP_SETTINGS = {"$.kind", "$.project", "$.configName", "$.config.dataset", "$.config.method",
-                     "$.config.environment", "$.config.reward.terms", "$.execution.gpus"}
+                     "$.config.environment", "$.config.reward.terms", "$.execution.gpus", "$.config.sftHyperparams"}
 
 
 def _leaves(data, path="$"):

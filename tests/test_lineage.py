@@ -34,3 +34,39 @@ def test_a_run_continues_from_a_tuned_model(workspace, capsys):  # noqa: F811
     assert start.keys() == before.keys() and all((start[k] == before[k]).all() for k in before)
     code, _, err = run(capsys, "runs", "start", "-f", descriptor(workspace, baseModel="model-nope"), "--dry-run")
     assert code == 1 and "$.baseModel: no tuned model 'model-nope'" in err
+
+
+def test_supervised_then_grpo_through_the_control_plane(workspace, capsys):  # noqa: F811
+    pairs = workspace / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "completion": f"#### {i + 1}"}) + "\n"
+                             for i in range(16)))
+    code, out, err = run(capsys, "registry", "datasets", "register", "arith/sft", "-f", pairs, "-o", "json")
+    assert code == 0, err
+    sft = {"config.method": "sft", "config.dataset": "arith/sft", "config.reward": None,
+           "config.rlHyperparams": None,
+           "config.sftHyperparams": {"maxSteps": 2, "batchSize": 4, "lora": {"rank": 4},
+                                     "optimizer": {"learningRate": 1e-3}}}
+    # a question/answer dataset for sft, or transcripts for grpo, is refused at admission with the reason
+    wrong = descriptor(workspace, **{**sft, "config.dataset": "arith/train"})
+    code, _, err = run(capsys, "runs", "start", "-f", wrong, "--dry-run")
+    assert code == 1 and "question/answer dataset, for method grpo; method sft needs" in err
+    code, _, err = run(capsys, "runs", "start", "-f", descriptor(workspace, **{"config.dataset": "arith/sft"}),
+                       "--dry-run")
+    assert code == 1 and "for method sft; method grpo needs question/answer rows" in err
+    # a GRPO descriptor turned to sft keeps its rlHyperparams: used for what they share, the rest listed as unused
+    copied = descriptor(workspace, **{**{k: v for k, v in sft.items() if k != "config.rlHyperparams"},
+                                      "config.sftHyperparams": None, "config.rlHyperparams.maxSteps": 2})
+    code, out, err = run(capsys, "runs", "start", "-f", copied, "--dry-run", "-o", "json")
+    assert code == 0, err
+    assert "$.config.rlHyperparams.groupSize: supervised fine-tuning samples nothing" in json.loads(out)["pinned"]["notUsed"]
+    both = descriptor(workspace, **{**sft, "config.rlHyperparams": json.loads(copied.read_text())["config"]["rlHyperparams"]})
+    code, _, err = run(capsys, "runs", "start", "-f", both, "--dry-run")
+    assert code == 1 and "give sftHyperparams or rlHyperparams with method sft, not both" in err
+
+    warm = _finished(capsys, descriptor(workspace, **sft))
+    assert warm["method"] == "sft" and warm["status"] == "succeeded"
+    metrics = json.loads(run(capsys, "runs", "metrics", warm["runId"], "-o", "json")[1])
+    assert [m["step"] for m in metrics if m["step"] >= 0] == [0, 1] and "evalLoss" in metrics[-1]
+    rl = _finished(capsys, descriptor(workspace, **{"baseModel": warm["modelId"], "config.rlHyperparams.maxSteps": 1}))
+    assert [step.get("modelId") or step.get("baseModel") for step in rl["lineage"]] == \
+        ["strop/tiny-random", warm["modelId"], rl["modelId"]]

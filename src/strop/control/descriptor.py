@@ -134,6 +134,17 @@ class RLHyperparams(_Strict):
     optimizer: OptimizerSpec
 
 
+class SFTHyperparams(_Strict):
+    # supervised fine-tuning (method "sft"): maxSteps is the number of steps, the examples reshuffled each pass
+    epochs: int = _limited("epochs", 1)
+    max_steps: int | None = _limited("max_steps", None, optional=True)
+    batch_size: int = _limited("batch_size", 8)
+    eval_fraction: float = _field(0.1, accepts="a share from 0 up to (not including) 1 of the examples, held out "
+                                               "for the held-out loss", ge=0, lt=1, allow_inf_nan=False)
+    lora: LoraSpec
+    optimizer: OptimizerSpec
+
+
 class RewardTermSpec(_Strict):
     kind: Literal["rule"] = _field(accepts='"rule"')
     weight: float = _limited("reward_weight")
@@ -205,8 +216,10 @@ class RunConfig(_Strict):
                                                       '(or give config.environment instead)')
     environment: EnvironmentSpec | None = _field(None, accepts='{"name": "finance-sql", "options": {...}} for '
                                                                'multi-turn tool use, instead of a dataset')
-    method: Literal["grpo"] = _field(accepts='"grpo"')
-    rl_hyperparams: RLHyperparams
+    method: Literal["grpo", "sft"] = _field(accepts='"grpo", or "sft" (supervised fine-tuning on transcripts)')
+    rl_hyperparams: RLHyperparams | None = _field(None, accepts="GRPO's hyperparameters (method grpo)")
+    sft_hyperparams: SFTHyperparams | None = _field(None, accepts="supervised fine-tuning's hyperparameters "
+                                                                 "(method sft)")
     reward: RewardSpec | None = _field(None, accepts="the reward terms (needed with a dataset; an environment "
                                                      "gives its own reward)")
     max_seq_length: int = _limited("max_seq_length")  # and more than maxCompletionLength: cross_field_problems
@@ -285,6 +298,29 @@ class RunDescriptor(_Strict):
 
 
 _ABSENT = object()
+
+
+# rlHyperparams fields a method-sft descriptor may carry (copied from a GRPO one) that supervised training has no
+# use for: admission lists them in the run's pinned `notUsed`, so nothing is dropped unsaid
+SAMPLING_ONLY = ("groupSize", "klBeta", "temperature", "maxCompletionLength")
+
+
+def to_sft_config(descriptor: RunDescriptor, dataset: str, **overrides: Any):
+    """The supervised loop's config (strop.sft.SFTConfig) of a method-sft descriptor, `dataset` the local file:
+    from sftHyperparams, or from rlHyperparams' epochs, maxSteps, batchSize, lora and optimizer."""
+    # lazy: strop.sft pulls in torch, which checking a descriptor does not need
+    from strop.sft import SFTConfig
+    hp, config = descriptor.config.sft_hyperparams or descriptor.config.rl_hyperparams, descriptor.config
+    values = dict(base_model=descriptor.base_model, dataset=dataset, epochs=hp.epochs, max_steps=hp.max_steps,
+                  batch_size=hp.batch_size, eval_fraction=getattr(hp, "eval_fraction", 0.1),
+                  learning_rate=hp.optimizer.learning_rate,
+                  weight_decay=hp.optimizer.weight_decay, grad_clip_norm=hp.optimizer.grad_clip_norm,
+                  lora_rank=hp.lora.rank, lora_alpha=hp.lora.alpha, max_seq_length=config.max_seq_length,
+                  save_every=descriptor.execution.save_every, keep_adapters=descriptor.execution.keep_adapters)
+    if hp.lora.target_modules is not None:
+        raise DescriptorError("run descriptor cannot be run:\n  $.config.*.lora.targetModules: the supervised loop "
+                              "adapts every projection; remove it", ["$.config.*.lora.targetModules: remove it"])
+    return SFTConfig(**{**values, **overrides})
 
 
 def _at(data: Any, path: str) -> Any:
@@ -407,6 +443,27 @@ def cross_field_problems(data: Any) -> list[str]:
     if in_range and seq <= completion:  # a value out of its own range is reported once, by its field
         problems.append(f"$.config.maxSeqLength: must be greater than $.config.rlHyperparams.maxCompletionLength "
                         f"({completion}) to leave room for the prompt (got {seq})")
+    method = config.get("method")
+    if method == "grpo" and isinstance(data, dict) and "config" in data and config.get("rlHyperparams") is None:
+        problems.append("$.config.rlHyperparams: required with method grpo (groupSize, klBeta, temperature, "
+                        "maxCompletionLength, lora, optimizer)")
+    if method == "sft":
+        given = [key for key in ("sftHyperparams", "rlHyperparams") if config.get(key) is not None]
+        if not given:
+            problems.append("$.config.sftHyperparams: required with method sft (epochs or maxSteps, batchSize, "
+                            "lora, optimizer)")
+        elif len(given) == 2:
+            problems.append("$.config.rlHyperparams: give sftHyperparams or rlHyperparams with method sft, not both")
+        for key, what in (("reward", "reward terms"), ("environment", "an environment"),
+                          ("evalEvery", "evaluation during training")):
+            if config.get(key) is not None:
+                problems.append(f"$.config.{key}: method sft takes no {what}; remove it (or use method grpo)")
+        if config.get("dataset") is None:
+            problems.append("$.config.dataset: method sft needs a registered dataset of chat transcripts or "
+                            "prompt/completion pairs")
+        return problems
+    if method != "grpo" and config.get("sftHyperparams") is not None:
+        problems.append("$.config.sftHyperparams: only method sft takes it")
     has_dataset, has_env = config.get("dataset") is not None, config.get("environment") is not None
     if has_dataset == has_env and isinstance(data, dict) and "config" in data:
         problems.append("$.config: give exactly one of dataset (single-turn) and environment (multi-turn tool use)")
@@ -559,4 +616,5 @@ def _is_int(value: Any, *, least: int) -> bool:
 
 
 __all__ = ["DescriptorError", "RunDescriptor", "RunConfig", "RLHyperparams", "LoraSpec", "OptimizerSpec",
-           "RewardSpec", "RewardTermSpec", "ExecutionSpec", "validate_descriptor", "load_descriptor"]
+           "RewardSpec", "RewardTermSpec", "ExecutionSpec", "SFTHyperparams", "validate_descriptor", "load_descriptor",
+           "to_sft_config"]

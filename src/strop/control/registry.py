@@ -60,10 +60,22 @@ def register_dataset(name: str, file: str | Path) -> dict:
     """Validate every row of `file` (errors name the line), then store it as a new version unless its content
     is already a version of `name`."""
     check_name(name, "dataset")
+    # lazy: strop.sft.data pulls in torch (through the renderers), which the registry does not otherwise need
+    from strop.sft.data import check_file, is_supervised_file
+    if is_supervised_file(file):  # chat transcripts or prompt/completion pairs, for method sft
+        count = check_file(file)  # raises DatasetError with line numbers; nothing is stored before this passes
+        sha = artifacts.put_file(file)
+        return _register(Dataset, DatasetVersion, "dataset_id", name, sha, source=str(Path(file).resolve()),
+                         row_count=count, info={"kind": "supervised", "fields": ["messages"]})
     rows = load_rows(str(file))  # raises DatasetError with line numbers; nothing is stored before this passes
     sha = artifacts.put_file(file)
     return _register(Dataset, DatasetVersion, "dataset_id", name, sha, source=str(Path(file).resolve()),
                      row_count=len(rows), info={"fields": sorted({"question", "answer", *rows[0].extra})})
+
+
+def dataset_kind(version: dict) -> str:
+    """'supervised' (transcripts, prompt/completion pairs: method sft) or 'rows' (question/answer: GRPO)."""
+    return (version.get("info") or {}).get("kind", "rows")
 
 
 def list_datasets() -> list[dict]:

@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from strop import model_info
 from strop.control import base_models, processes, projects, registry
-from strop.control.descriptor import RunDescriptor, load_descriptor
+from strop.control.descriptor import SAMPLING_ONLY, RunDescriptor, load_descriptor
 from strop.data import load_rows
 from strop.engine.resources import MemoryRefused
 from strop.envs import env_kind, find_env_module, get_env
@@ -79,6 +79,14 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
         try:
             version = registry.get_dataset(descriptor.config.dataset)
             pinned["dataset"] = {"ref": version["ref"], "sha256": version["sha256"], "rows": version.get("rows")}
+            kind, method = registry.dataset_kind(version), descriptor.config.method
+            if (kind == "supervised") != (method == "sft"):
+                problems.append(f"$.config.dataset: {version['ref']} is a "
+                                + ("dataset of transcripts or prompt/completion pairs, for method sft"
+                                   if kind == "supervised" else "question/answer dataset, for method grpo")
+                                + f"; method {method} needs "
+                                + ("transcripts or prompt/completion pairs" if method == "sft" else
+                                   "question/answer rows"))
         except StropError as exc:
             problems.append(f"$.config.dataset: {exc}")
     pinned["terms"] = []
@@ -105,11 +113,16 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
         except StropError as exc:
             problems.append(f"$.config.reward.terms: {exc}")
     if "dataset" in pinned and pinned["dataset"].get("rows"):
-        hp = descriptor.config.rl_hyperparams
+        hp = descriptor.config.rl_hyperparams or descriptor.config.sft_hyperparams
         steps, passes = plan_steps(pinned["dataset"]["rows"], hp.batch_size, hp.max_steps, hp.epochs)
         pinned["plan"] = {"rows": pinned["dataset"]["rows"], "batchSize": hp.batch_size, "steps": steps,
                           "passes": passes}
-    if not problems and "dataset" in pinned:  # an environment's run is checked by the loop, from its tool prompts
+    if descriptor.config.method == "sft" and descriptor.config.rl_hyperparams is not None:
+        pinned["notUsed"] = [f"$.config.rlHyperparams.{key}: supervised fine-tuning samples nothing"
+                             for key in SAMPLING_ONLY]
+    # an environment's run is checked by the loop, from its tool prompts; a supervised run by its loop, which
+    # refuses an example over maxSeqLength before training
+    if not problems and "dataset" in pinned and descriptor.config.method == "grpo":
         problems += memory_problems(descriptor, pinned)
     if problems:
         raise RunError("run not admitted:\n  " + "\n  ".join(problems))
@@ -240,7 +253,9 @@ def _as_dict(run: Run, project: str, evaluations: list[str] | None = None) -> di
     plan = (run.pinned or {}).get("plan") or {}
     per_pass = math.ceil(plan["rows"] / plan["batchSize"]) if plan else None
     return {"runId": run.id, "project": project, "configName": run.config_name, "status": run.status,
-            "step": run.current_step, "maxSteps": run.descriptor["config"]["rlHyperparams"].get("maxSteps"),
+            "step": run.current_step, "method": run.descriptor["config"]["method"],
+            "maxSteps": (run.descriptor["config"].get("rlHyperparams")
+                         or run.descriptor["config"].get("sftHyperparams") or {}).get("maxSteps"),
             "steps": plan.get("steps"), "passes": plan.get("passes"),
             "passesMade": math.ceil((run.current_step or 0) / per_pass) if per_pass else None,
             "baseModel": run.base_model, "modelId": run.model_id, "pinned": run.pinned,

@@ -19,7 +19,7 @@ from sqlalchemy import select as sql_select
 
 from strop import model_info
 from strop.control import evaluations, projects, registry
-from strop.control.descriptor import validate_descriptor
+from strop.control.descriptor import to_sft_config, validate_descriptor
 from strop.control.eval_worker import grader_ref
 from strop.control.mirror import RunMirror
 from strop.control.runs import run_dir
@@ -27,6 +27,7 @@ from strop.data import load_rows
 from strop.evals import evaluate_sampler
 from strop.rl import run_grpo
 from strop.rl.checkpoints import sha256_file
+from strop.sft import SFTConfig, run_sft
 from strop.store import artifacts, open_store, session_scope
 from strop.store.schema import Dataset, DatasetVersion, Evaluation, EvaluationItem, Model, Run, utcnow
 
@@ -47,7 +48,7 @@ def _set(run_id: str, **fields) -> None:
 
 
 def build_config(run: Run, folder: Path):
-    """The GRPOConfig of a run, with its pinned dataset and bundles materialised locally."""
+    """The loop config of a run (GRPOConfig, or SFTConfig for method sft), its pinned inputs made local."""
     descriptor = validate_descriptor(run.descriptor)
     base = run.pinned["baseModel"]
     common = {"base_model": base["path"], "renderer": model_info.get_recommended_renderer_name(base["id"])}
@@ -59,6 +60,21 @@ def build_config(run: Run, folder: Path):
         common["init_adapter"] = str(adapter)
     if "environment" in run.pinned:
         return descriptor.to_grpo_config(None, [], **common)
+    dataset = _dataset_file(run, folder)
+    if descriptor.config.method == "sft":
+        return to_sft_config(descriptor, str(dataset), **common)
+    refs = []
+    for term, spec in zip(run.pinned["terms"], descriptor.config.reward.terms if descriptor.config.reward else []):
+        if "builtin" in term:
+            refs.append(term["builtin"])
+        else:
+            bundle, _ = registry.bundle_dir(term["bundle"])
+            refs.append(spec.grader_ref(bundle))
+    return descriptor.to_grpo_config(str(dataset), descriptor.reward_term_specs(refs), **common)
+
+
+def _dataset_file(run: Run, folder: Path) -> Path:
+    """The run's pinned dataset as a local file (checked against the sha256 the run pinned)."""
     # artifacts are named by sha256 alone; the loader reads a file by its suffix, so copy it in with one
     _, version = registry.dataset_file(run.pinned["dataset"]["ref"])
     suffix = Path(version["source"] or "rows.jsonl").suffix or ".jsonl"
@@ -73,14 +89,7 @@ def build_config(run: Run, folder: Path):
         partial = dataset.with_name(f".{dataset.name}.partial")  # a kill mid-copy must not leave a short file
         shutil.copyfile(artifacts.path_of(expected), partial)
         partial.replace(dataset)
-    refs = []
-    for term, spec in zip(run.pinned["terms"], descriptor.config.reward.terms if descriptor.config.reward else []):
-        if "builtin" in term:
-            refs.append(term["builtin"])
-        else:
-            folder, _ = registry.bundle_dir(term["bundle"])
-            refs.append(spec.grader_ref(folder))
-    return descriptor.to_grpo_config(str(dataset), descriptor.reward_term_specs(refs), **common)
+    return dataset
 
 
 def evaluate_during(run: Run, folder: Path, max_tokens: int):
@@ -140,12 +149,15 @@ def main(run_id: str) -> int:
     folder = run_dir(run_id)
     try:
         config = build_config(run, folder)
-
-        on_eval = evaluate_during(run, folder, config.max_completion_length) if config.eval_every else None
+        max_tokens = getattr(config, "max_completion_length", 256)  # of the project's evaluations
+        on_eval = evaluate_during(run, folder, max_tokens) if getattr(config, "eval_every", None) else None
         mirror = RunMirror(run_id, folder)
         try:
             with mirror.following(every=1.0):  # the store copies the run's files; the loop knows nothing of it
-                result = run_grpo(config, folder, progress=False, on_eval=on_eval)
+                if isinstance(config, SFTConfig):
+                    result = run_sft(config, folder, progress=False)
+                else:
+                    result = run_grpo(config, folder, progress=False, on_eval=on_eval)
         finally:
             mirror.sync()  # every row and checkpoint written, whether the run finished, failed or was cancelled
         sha = artifacts.put_dir(result.final_adapter)
@@ -156,7 +168,7 @@ def main(run_id: str) -> int:
             s.flush()
             s.get(Run, run_id).model_id = model_id = model.id
         # started before the run shows succeeded: whoever waits for the run then finds its evaluation listed
-        evaluate_at_end(run, model_id, result.steps, config.max_completion_length)
+        evaluate_at_end(run, model_id, result.steps, max_tokens)
         _set(run_id, status="succeeded", finished_at=utcnow())
         return 0
     except Cancelled:

@@ -120,40 +120,75 @@ def line_problems(record, number: int) -> tuple[list[dict] | None, list[dict] | 
     return messages, tools, problems
 
 
-def load_examples(path: str | Path, renderer, *, max_seq_length: int) -> list[Example]:
-    """Every line of a supervised .jsonl file as an Example; DatasetError naming each bad line otherwise."""
-    path = Path(path)
+def _lines(path: Path):
+    """(line number, record or None, problems) of each non-empty line of a supervised .jsonl file."""
     if not path.exists():
         raise DatasetError(f"supervised dataset {path} does not exist: check the path")
-    examples, problems, said = [], [], False
     with open_regular(path, what="supervised dataset") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
             try:
-                record = json.loads(raw)
+                yield number, json.loads(raw), []
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-                problems.append(f"line {number}: not valid JSON ({str(exc)[:80]})")
-                continue
-            messages, tools, found = line_problems(record, number)
-            if found:
-                problems += found
-                continue
-            said = said or any(m.get("role") == "assistant" and ((m.get("content") or "").strip() or m.get("tool_calls"))
-                               for m in messages)
-            tokens, weights = render_conversation(renderer, messages, tools)
-            if len(tokens) > max_seq_length:
-                problems.append(f"line {number}: {len(tokens):,} tokens, over maxSeqLength {max_seq_length:,}; raise "
-                                "max_seq_length or shorten the transcript")
-                continue
-            examples.append(Example(tuple(tokens), tuple(weights), number))
+                yield number, None, [f"line {number}: not valid JSON ({str(exc)[:80]})"]
+
+
+def _refuse(path: Path, problems: list[str]) -> None:
     if problems:
         more = f"\n  ... and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
         raise DatasetError(f"supervised dataset {path} has {len(problems)} problem{'s' if len(problems) != 1 else ''}:"
                            "\n  " + "\n  ".join(problems[:MAX_PROBLEMS]) + more)
-    if not examples:
+
+
+def _says_something(messages: list[dict]) -> bool:
+    return any(m.get("role") == "assistant" and ((m.get("content") or "").strip() or m.get("tool_calls"))
+               for m in messages)
+
+
+def is_supervised_file(path: str | Path) -> bool:
+    """Whether a .jsonl file holds transcripts or prompt/completion pairs (read from its first line)."""
+    path = Path(path)
+    if path.suffix.lower() != ".jsonl" or not path.is_file():
+        return False
+    for _, record, problems in _lines(path):
+        return not problems and isinstance(record, dict) and ("messages" in record or
+                                                              {"prompt", "completion"} <= set(record))
+    return False
+
+
+def check_file(path: str | Path) -> int:
+    """The number of examples of a supervised file, every line checked (no tokenizer needed); DatasetError naming
+    each bad line otherwise."""
+    path = Path(path)
+    problems, count, said = [], 0, False
+    for number, record, found in _lines(path):
+        if not found:
+            messages, _, found = line_problems(record, number)
+            said = said or (not found and _says_something(messages))
+        problems += found
+        count += not found
+    _refuse(path, problems)
+    if not count:
         raise DatasetError(f"supervised dataset {path} has no examples")
     if not said:
         raise DatasetError(f"supervised dataset {path}: every assistant turn is empty, so there is nothing to learn "
                            "but ending a turn at once; check the file's assistant contents")
+    return count
+
+
+def load_examples(path: str | Path, renderer, *, max_seq_length: int) -> list[Example]:
+    """Every line of a supervised .jsonl file as an Example; DatasetError naming each bad line otherwise."""
+    path = Path(path)
+    check_file(path)
+    examples, problems = [], []
+    for number, record, _ in _lines(path):
+        messages, tools, _ = line_problems(record, number)
+        tokens, weights = render_conversation(renderer, messages, tools)
+        if len(tokens) > max_seq_length:
+            problems.append(f"line {number}: {len(tokens):,} tokens, over maxSeqLength {max_seq_length:,}; raise "
+                            "max_seq_length or shorten the transcript")
+            continue
+        examples.append(Example(tuple(tokens), tuple(weights), number))
+    _refuse(path, problems)
     return examples
