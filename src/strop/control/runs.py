@@ -253,7 +253,7 @@ def _as_dict(run: Run, project: str, evaluations: list[str] | None = None) -> di
     plan = (run.pinned or {}).get("plan") or {}
     per_pass = math.ceil(plan["rows"] / plan["batchSize"]) if plan else None
     return {"runId": run.id, "project": project, "configName": run.config_name, "status": run.status,
-            "step": run.current_step, "method": run.descriptor["config"]["method"],
+            "step": run.current_step, "method": run.descriptor["config"].get("method", "grpo"),
             "maxSteps": (run.descriptor["config"].get("rlHyperparams")
                          or run.descriptor["config"].get("sftHyperparams") or {}).get("maxSteps"),
             "steps": plan.get("steps"), "passes": plan.get("passes"),
