@@ -161,3 +161,14 @@ def test_grpo_continues_from_the_supervised_adapter(tiny_model_dir, tmp_path, ca
     capsys.readouterr()
     assert main(["train", "--base-model", str(tiny_model_dir), "--init-adapter", str(tmp_path), "--steps", "1"]) == 1
     assert "--init-adapter (init_adapter)" in capsys.readouterr().err and not (tmp_path / "rl2").exists()
+
+
+def test_supervised_memory_is_planned_before_anything_is_written(tiny_model_dir, tmp_path, monkeypatch):
+    from strop.engine.resources import MemoryRefused
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "q" * 200, "completion": "a"}) + "\n" for _ in range(4)))
+    monkeypatch.setenv("STROP_MEMORY_LIMIT_MB", "1")
+    with pytest.raises(MemoryRefused, match="supervised fine-tuning of"):
+        run_sft(SFTConfig(base_model=str(tiny_model_dir), dataset=str(data), max_steps=1), tmp_path / "run",
+                progress=False)
+    assert not (tmp_path / "run").exists()

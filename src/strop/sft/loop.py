@@ -126,6 +126,14 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
     # every line checked before the run folder exists: a bad file leaves nothing behind
     train, held = split_examples(load_examples(config.dataset, renderer, max_seq_length=config.max_seq_length),
                                  config.eval_fraction, config.seed)
+    # the trainer's micro-batch that fits this machine (smaller micro-batches, same gradients), or MemoryRefused
+    # naming what to lower: planned as for GRPO with one "completion" per example, which over-counts (no sampler)
+    longest = max(len(e.tokens) for e in train + held)
+    memory = service.plan_grpo_memory(config.base_model, batch_size=config.batch_size, group_size=1, prompt_tokens=0,
+                                      completion_tokens=longest,
+                                      what=f"supervised fine-tuning of {config.base_model} ({config.batch_size} "
+                                           f"examples x <= {longest} tokens)")
+    training.set_micro_batch_tokens(memory["tokensPerMicroBatch"])
     per_pass = max(1, math.ceil(len(train) / config.batch_size))
     steps = config.max_steps or config.epochs * per_pass
     adam = adam_params(config)
