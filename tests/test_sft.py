@@ -172,3 +172,14 @@ def test_supervised_memory_is_planned_before_anything_is_written(tiny_model_dir,
         run_sft(SFTConfig(base_model=str(tiny_model_dir), dataset=str(data), max_steps=1), tmp_path / "run",
                 progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_an_oversized_line_is_refused_without_being_tokenized(tiny_model_dir, tmp_path):
+    import time
+    renderer = _renderer(tiny_model_dir)
+    path = tmp_path / "big.jsonl"
+    path.write_text(json.dumps({"prompt": "a b " * 2_000_000, "completion": "y"}) + "\n")   # 8 MB of short tokens
+    started = time.monotonic()
+    with pytest.raises(DatasetError, match="more than maxSeqLength 2,048 tokens can hold"):
+        load_examples(path, renderer, max_seq_length=2048)
+    assert time.monotonic() - started < 5    # tokenizing 8 MB would take far longer on this machine

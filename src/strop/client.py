@@ -26,6 +26,7 @@ from strop.engine.resources import plan_grpo_memory
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.trainer import LoraTrainer, load_adapter_weights
 from strop.errors import StropError
+from strop.files import check_regular
 from strop.models import CATALOG, load_tokenizer, resolve_model
 from strop.paths import strop_home
 from strop.types import (AdamParams, Datum, ForwardBackwardOutput, ModelInput, OptimStepResponse, SampleResponse,
@@ -232,6 +233,8 @@ class ServiceClient:
         modules (a strop extension: GRPO continuing from a supervised warm start). The optimizer starts fresh."""
         config_file = Path(adapter) / "adapter_config.json"
         try:
+            for name in ("adapter_config.json", "adapter_model.safetensors"):
+                check_regular(Path(adapter) / name, what=f"adapter file {name}")  # a FIFO would block the read
             settings = json.loads(config_file.read_text())
             rank, alpha, targets = int(settings["r"]), settings.get("lora_alpha"), settings.get("target_modules")
         except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -29,6 +29,8 @@ from strop.renderers.tools import hermes_messages, hermes_turn
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_PROBLEMS = 10  # shown of a file's problems; the count says how many more
+MAX_LINE_BYTES = 16 << 20  # a transcript is kilobytes; a line past this is refused without being parsed
+BYTES_PER_TOKEN = 64  # no token of a chat model's vocabulary is longer: a longer line is over any token budget
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,10 @@ def _lines(path: Path):
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
+            if len(raw) > MAX_LINE_BYTES:
+                yield number, None, [f"line {number}: {len(raw):,} bytes, over the {MAX_LINE_BYTES:,} a transcript "
+                                     "may take"]
+                continue
             try:
                 yield number, json.loads(raw), []
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -184,6 +190,11 @@ def load_examples(path: str | Path, renderer, *, max_seq_length: int) -> list[Ex
     examples, problems = [], []
     for number, record, _ in _lines(path):
         messages, tools, _ = line_problems(record, number)
+        size = len(json.dumps(record))
+        if size > max_seq_length * BYTES_PER_TOKEN:  # over the budget however it tokenizes: not tokenized at all
+            problems.append(f"line {number}: {size:,} characters, more than maxSeqLength {max_seq_length:,} tokens "
+                            "can hold; raise max_seq_length or shorten the transcript")
+            continue
         tokens, weights = render_conversation(renderer, messages, tools)
         if len(tokens) > max_seq_length:
             problems.append(f"line {number}: {len(tokens):,} tokens, over maxSeqLength {max_seq_length:,}; raise "
