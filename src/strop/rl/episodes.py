@@ -78,16 +78,19 @@ class ToolEpisode:
     """A task of a tool-use environment: each reply's first tool call goes to the environment until it says done
     or `max_turns` replies were made. The episode is one check; it failed when the environment raised."""
 
-    def __init__(self, env, task: Task, *, system_prompt: str | None = None, max_turns: int | None = None):
+    def __init__(self, env, task: Task, *, system_prompt: str | None = None, max_turns: int | None = None,
+                 tools: list[dict] | None = None):
         self.env, self.task, self.system_prompt = env, task, system_prompt
         self.max_turns = max_turns or env.max_turns
-        self.tools: list[dict] = []
+        self.tools: list[dict] = tools if tools is not None else []
+        self._ask_tools = tools is None
         self.done, self.reward, self.info = False, 0.0, {}
         self.parse_errors = 0
         self.environment_errors: list[str] = []
 
     def start(self) -> list[dict]:
-        self.tools = self.env.tools()
+        if self._ask_tools:
+            self.tools = self.env.tools()
         first = self.env.reset(self.task)
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         messages.append({"role": "user", "content": cap_observation(first.content)})
@@ -199,8 +202,10 @@ class EnvironmentSource:
         if len(envs) < len(tasks) * group_size:
             raise ValueError(f"need {len(tasks) * group_size} environments for {len(tasks)} tasks x {group_size}, "
                              f"got {len(envs)}")
+        tools = envs[0].tools()  # once a step: every pooled environment is the same one (a remote one asks its server)
         return [[ToolEpisode(envs[t * group_size + g], task, system_prompt=self.system_prompt,
-                             max_turns=self.max_turns) for g in range(group_size)] for t, task in enumerate(tasks)]
+                             max_turns=self.max_turns, tools=tools) for g in range(group_size)]
+                for t, task in enumerate(tasks)]
 
     def record(self, rollout: Rollout, renderer) -> dict:
         return {"task": rollout.task_id, "question": rollout.question, "gold": rollout.gold,
