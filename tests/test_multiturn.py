@@ -123,10 +123,41 @@ def test_kl_to_the_base_model_is_charged_per_turn_token(tiny_model_dir):
                                        second.append(strop.types.EncodedTextChunk(tokens=[40]))]).result()
     assert kl[1] == [] and len(kl[0]) == 2 and len(kl[2]) == 1
     assert kl[0] == pytest.approx([-0.5 - full[0][3], -0.25 - full[0][4]]) and kl[2] == pytest.approx([-1.0 - full[1][7]])
-    datums = rollout_datums([episode], torch.tensor([0.5]), [kl], kl_beta=0.1)
-    assert len(datums) == 2  # the empty turn trains nothing
-    assert datums[0].loss_fn_inputs["advantages"].to_torch().tolist()[2:] == pytest.approx([0.5 - 0.1 * k for k in kl[0]])
-    assert datums[1].loss_fn_inputs["advantages"].to_torch().tolist()[-1] == pytest.approx(0.5 - 0.1 * kl[2][0])
+    [datum] = rollout_datums([episode], torch.tensor([0.5]), [kl], kl_beta=0.1)  # the empty turn trains nothing
+    # the second turn's prompt extends the first's prompt and reply: one sequence, the observation masked
+    assert datum.model_input.to_ints() == [5, 6, 7, 8, 9, 30, 31]
+    assert datum.loss_fn_inputs["target_tokens"].to_torch().tolist() == [0, 0, 8, 9, 0, 0, 40]
+    advantages = datum.loss_fn_inputs["advantages"].to_torch().tolist()
+    assert advantages[2:4] == pytest.approx([0.5 - 0.1 * k for k in kl[0]]) and advantages[4:6] == [0.0, 0.0]
+    assert advantages[-1] == pytest.approx(0.5 - 0.1 * kl[2][0])
+    assert datum.loss_fn_inputs["logprobs"].to_torch().tolist() == [0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0]
+
+
+def test_a_turn_whose_prompt_was_re_rendered_differently_is_a_datum_of_its_own():
+    first = strop.types.ModelInput.from_ints([5, 6, 7])
+    changed = strop.types.ModelInput.from_ints([5, 6, 7, 8, 10, 30])  # the reply re-tokenized as 8, 10, not 8, 9
+    episode = Rollout(turns=(Turn(prompt=first, tokens=(8, 9), logprobs=(-0.5, -0.25), text="", stop_reason="stop"),
+                             Turn(prompt=changed, tokens=(40, 41), logprobs=(-1.0, -2.0), text="", stop_reason="stop")))
+    one, two = rollout_datums([episode], torch.tensor([1.0]))
+    assert one.model_input.to_ints() == [5, 6, 7, 8] and two.model_input.to_ints() == [5, 6, 7, 8, 10, 30, 40]
+    assert two.loss_fn_inputs["target_tokens"].to_torch().tolist() == [0] * 5 + [40, 41]
+
+
+def test_a_merged_episode_trains_as_its_turns_would_one_by_one(tiny_model_dir):
+    """The losses are sums over positions, so one datum for an episode gives the gradient its per-turn datums
+    would (the causal model reads the same prefix for every sampled token)."""
+    model = str(tiny_model_dir)
+    first = strop.types.ModelInput.from_ints([5, 6, 7])
+    second = strop.types.ModelInput.from_ints([5, 6, 7, 8, 9, 30, 31])
+    turns = (Turn(prompt=first, tokens=(8, 9), logprobs=(-0.5, -0.25), text="", stop_reason="stop"),
+             Turn(prompt=second, tokens=(40, 41), logprobs=(-1.0, -2.0), text="", stop_reason="stop"))
+    [merged] = rollout_datums([Rollout(turns=turns)], torch.tensor([0.7]))
+    apart = [d for turn in turns for d in rollout_datums([Rollout(turns=(turn,))], torch.tensor([0.7]))]
+    losses = []
+    for datums in ([merged], apart):
+        training = strop.ServiceClient().create_lora_training_client(base_model=model, rank=4, seed=0)
+        losses.append(training.forward_backward(datums, loss_fn="importance_sampling").result().metrics["loss:sum"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4) and losses[0] != 0.0
 
 
 def test_an_environment_run_accepts_a_kl_penalty(tiny_model_dir, tmp_path):

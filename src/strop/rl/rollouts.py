@@ -25,9 +25,10 @@ MEMBER_SEED = 7_919     # and of episodes that left their group's shared prompt
 
 
 def play(sampler, renderer, groups: list[list], *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-         seed: int = 0, max_turns: int | None = None) -> list[RolloutGroup]:
+         seed: int = 0, max_turns: int | None = None, on_turn=None) -> list[RolloutGroup]:
     """Run each group's episodes (`strop.rl.episodes`) to their end or their turn limit (`max_turns` caps it
-    for all); the groups' rollouts, in order. The request of group g's first turn is seeded `seed + g`."""
+    for all); the groups' rollouts, in order. The request of group g's first turn is seeded `seed + g`.
+    `on_turn(finished, total)`, when given, is called after every turn with the number of episodes over."""
     live = [(g, k, episode) for g, group in enumerate(groups) for k, episode in enumerate(group)]
     messages = [episode.start() for _, _, episode in live]
     turns: list[list[Turn]] = [[] for _ in live]
@@ -63,6 +64,8 @@ def play(sampler, renderer, groups: list[list], *, max_tokens: int, temperature:
                     over[i] = True
                 else:
                     messages[i].append({"role": "tool", "content": observation})
+        if on_turn is not None:
+            on_turn(sum(over[i] or turn + 1 >= limits[i] for i in range(len(live))), len(live))
     rollouts = [episode.finish(turns[i], messages[i]) for i, (_, _, episode) in enumerate(live)]
     out, at = [], 0
     for group in groups:
@@ -83,27 +86,48 @@ def turn_kl(base_sampler, rollouts) -> list[list[list[float]]]:
 
 def rollout_datums(rollouts, advantages_G: torch.Tensor, kl_G: list[list[list[float]]] | None = None,
                    kl_beta: float = 0.0) -> list[types.Datum]:
-    """One datum per turn in the seed's layout: input = prompt + sampled[:-1], targets shifted by one, the prompt
-    masked (advantage 0) and each sampled token carrying its rollout's advantage, less beta x its KL to the base
-    model when `kl_G` is given. A turn that sampled nothing trains nothing."""
+    """The datums of a group's rollouts in the seed's layout: input = tokens[:-1], targets shifted by one, each
+    sampled token carrying its rollout's advantage (less beta x its KL to the base model when `kl_G` is given)
+    and every other position masked (target 0, advantage 0). A turn that sampled nothing trains nothing.
+
+    The turns of one rollout share a datum while each turn's prompt begins with the previous turn's prompt and
+    sampled tokens (the conversation re-rendered to the same tokens, as it does for a chat template): a datum
+    per turn would pay the forward and backward pass over the whole conversation again for every turn, ~4x the
+    tokens of a 5-turn episode. Where re-rendering changed a token, the turn starts a datum of its own. The
+    losses are sums over positions, so the update is the same either way."""
     datums = []
     for g, (rollout, advantage) in enumerate(zip(rollouts, advantages_G.tolist())):
+        sequence: list[int] = []  # the tokens so far of the datum being built
+        targets: list[int] = []   # per position of `sequence` (the token it predicts; one shorter)
+        logprobs: list[float] = []
+        advantages: list[float] = []
         for i, turn in enumerate(rollout.turns):
             if not turn.tokens:
                 continue
-            ob_len = turn.prompt.length - 1
+            prompt = turn.prompt.to_ints()
             toks = list(turn.tokens)
             adv_T = [advantage] * len(toks)
             if kl_G is not None:
                 adv_T = [a - kl_beta * k for a, k in zip(adv_T, kl_G[g][i])]
-            datums.append(types.Datum(
-                model_input=turn.prompt.append(types.EncodedTextChunk(tokens=toks[:-1])),
-                loss_fn_inputs={
-                    "target_tokens": types.TensorData.from_torch(torch.tensor([0] * ob_len + toks)),
-                    "logprobs": types.TensorData.from_torch(torch.tensor([0.0] * ob_len + list(turn.logprobs))),
-                    "advantages": types.TensorData.from_torch(torch.tensor([0.0] * ob_len + adv_T)),
-                }))
+            if not sequence or prompt[:len(sequence)] != sequence:
+                if sequence:
+                    datums.append(_datum(sequence, targets, logprobs, advantages))
+                sequence, targets, logprobs, advantages = prompt[:1], [], [], []
+            observed = len(prompt) - len(sequence)  # the prompt's tokens this datum does not hold yet: masked
+            sequence += prompt[len(sequence):] + toks
+            targets += [0] * observed + toks
+            logprobs += [0.0] * observed + list(turn.logprobs)
+            advantages += [0.0] * observed + adv_T
+        if sequence:
+            datums.append(_datum(sequence, targets, logprobs, advantages))
     return datums
+
+
+def _datum(sequence: list[int], targets: list[int], logprobs: list[float], advantages: list[float]) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints(sequence[:-1]), loss_fn_inputs={
+        "target_tokens": types.TensorData.from_torch(torch.tensor(targets)),
+        "logprobs": types.TensorData.from_torch(torch.tensor(logprobs)),
+        "advantages": types.TensorData.from_torch(torch.tensor(advantages))})
 
 
 def check_errors(rollouts: list[Rollout], limit: float, step: int, failure: str = "grader calls failed") -> None:
