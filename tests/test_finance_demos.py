@@ -77,3 +77,24 @@ def test_only_the_train_split_is_demonstrated(home, tmp_path, capsys):  # noqa: 
     err = capsys.readouterr().err
     assert "exists" in err and "train split only" in err and "finance-sql only" in err
     assert out.read_text() == before and sorted(p.name for p in tmp_path.iterdir() if p.name != "home") == ["demos.jsonl"]
+
+
+def test_the_scripted_query_answers_every_question_of_every_split():
+    """One SELECT with a subquery per stored value computes the answer, so a model only copies the number the
+    database returned: the pattern holds for the unseen splits too, multi-table questions included."""
+    import random
+
+    from strop.envs.finance_demos import play_demonstration
+    env = FinanceSQLEnv(seed=0)
+    try:
+        for split in env.splits():
+            for task in env.tasks(split):
+                demo = play_demonstration(env, task, mistake=False, rng=random.Random(0))
+                assert demo["state"]["correct"] is True, (split, task.id)
+                [query] = [json.loads(c["function"]["arguments"])["query"] for m in demo["messages"]
+                           for c in m.get("tool_calls") or [] if c["function"]["name"] == "run_sql"]
+                shown = demo["messages"][-3]["content"]   # the query's result, which the answer copies
+                submitted = json.loads(demo["messages"][-2]["tool_calls"][0]["function"]["arguments"])["answer"]
+                assert submitted.rstrip("%") == shown.splitlines()[1] and query.startswith("SELECT")
+    finally:
+        env.close()

@@ -4,12 +4,15 @@ supervised warm start before GRPO (a model that never writes a valid tool call g
     for demo in demonstrations(FinanceSQLEnv(seed=0), n=200, mistakes=0.25, seed=0):
         demo["messages"]   # OpenAI chat format: user, then assistant turns with tool_calls, tool results, ...
 
-The agent lists the tables, describes each table the question needs, queries the rows it needs with one SELECT
-per table, computes the answer from what the queries returned and submits it. In a `mistakes` share of
-episodes it first makes the mistake a model makes (a column or table name that does not exist), reads the error
-and recovers with the right query, so recovering is something a model can learn. Every episode is played
-against the environment itself: its tool results are the environment's, and a demonstration is kept only when
-the environment scored the answer correct.
+The agent lists the tables, describes each table the question needs, then lets the database do the arithmetic:
+one SELECT computes the answer (each stored value it needs as a scalar subquery, combined by the question's
+formula and rounded to the precision asked for), and the agent submits the number the query returned. A small
+model cannot divide 172.2 by 145.4 in its head, but it can learn to write the query and copy its result; and the
+same pattern, a subquery per value, answers a question whose values sit in two tables. In a `mistakes` share of
+episodes the agent first makes the mistake a model makes (a column or table name that does not exist), reads
+the error and recovers with the right query, so recovering is something a model can learn. Every episode is
+played against the environment itself: its tool results are the environment's, and a demonstration is kept
+only when the environment scored the answer correct.
 
 Only the train split is demonstrated; the evaluation splits' companies stay unseen.
 """
@@ -19,10 +22,7 @@ from __future__ import annotations
 import json
 import random
 import re
-import sqlite3
-from contextlib import closing
 
-from strop.envs import finance_data as data
 from strop.envs.base import Task, ToolCall
 from strop.errors import StropError
 
@@ -77,52 +77,53 @@ def play_demonstration(env, task: Task, *, mistake: bool, rng: random.Random) ->
     call("list_tables", {})
     for table in tables:
         call("describe_table", {"table": table})
-    queries = {table: _query(table, [t for t in terms if t["table"] == table]) for table in tables}
+    sql = answer_query(task.meta["formula"], terms, task.meta["unit"])
     if mistake:
-        table = rng.choice(tables)
-        call("run_sql", {"query": _mistaken(queries[table], table, rng)})
-    values = {}
-    with closing(sqlite3.connect(f"file:{env.database_path(task)}?mode=ro", uri=True)) as db:
-        for table, sql in queries.items():
-            call("run_sql", {"query": sql})
-            only = {t["column"] for t in terms if t["table"] == table}
-            for row in db.execute(sql):
-                values[_key(table, row, only)] = row[-1]
-    answer = _answer(task.meta["formula"], [values[_term_key(t)] for t in terms], task.meta["unit"])
-    call("submit_answer", {"answer": answer})
+        call("run_sql", {"query": _mistaken(sql, rng.choice(tables), rng)})
+    shown = call("run_sql", {"query": sql})
+    call("submit_answer", {"answer": _copied(shown, task.meta["unit"])})
     return {"messages": messages, "tools": env.tools(), "task": task.id, "mistake": mistake,
             "reward": float(env.state().get("reward", 0.0)), "state": env.state()}
 
 
-def _query(table: str, terms: list[dict]) -> str:
-    """One SELECT returning (fiscal_year[, segment], column) rows for every term of `table`."""
-    columns = sorted({t["column"] for t in terms})
-    years = ", ".join(str(y) for y in sorted({t["year"] for t in terms}))
-    if table == "segment_revenue":
-        segments = ", ".join("'" + s.replace("'", "''") + "'" for s in sorted({t["segment"] for t in terms}))
-        return (f"SELECT fiscal_year, segment, revenue FROM segment_revenue WHERE fiscal_year IN ({years}) "
-                f"AND segment IN ({segments}) ORDER BY fiscal_year")
-    if len(columns) == 1:
-        return f"SELECT fiscal_year, {columns[0]} FROM {table} WHERE fiscal_year IN ({years}) ORDER BY fiscal_year"
-    # several columns of one table: one row per (year, column), so each value is read as (year, column, value)
-    parts = [f"SELECT fiscal_year, '{c}' AS item, {c} AS value FROM {table} WHERE fiscal_year IN ({years})"
-             for c in columns]
-    return " UNION ALL ".join(parts) + " ORDER BY fiscal_year"
+def _value_sql(term: dict) -> str:
+    """A scalar subquery for one stored value."""
+    where = f"fiscal_year = {term['year']}"
+    if "segment" in term:
+        where += " AND segment = '" + term["segment"].replace("'", "''") + "'"
+    return f"(SELECT {term['column']} FROM {term['table']} WHERE {where})"
 
 
-def _key(table: str, row: tuple, columns: set[str]) -> tuple:
-    """The (table, column, year, segment) a result row of `_query` holds."""
-    if table == "segment_revenue":
-        return table, "revenue", row[0], row[1]
-    if len(row) == 3:
-        return table, row[1], row[0], None
-    return table, next(iter(columns)), row[0], None
+def answer_query(formula: str, terms: list[dict], unit: str) -> str:
+    """One SELECT whose single value is the answer, rounded as the question asks (2 places; 3 for a ratio)."""
+    first = terms[0]
+    if formula == "value":
+        return _value_sql(first)[1:-1]
+    if formula == "average":
+        years = sorted(t["year"] for t in terms)
+        where = f"fiscal_year BETWEEN {years[0]} AND {years[-1]}"
+        if "segment" in first:
+            where += " AND segment = '" + first["segment"].replace("'", "''") + "'"
+        return f"SELECT ROUND(AVG({first['column']}), 2) AS average FROM {first['table']} WHERE {where}"
+    v = [_value_sql(t) for t in terms]
+    growth = lambda a, b: f"100.0 * ({b} - {a}) / {a}"  # noqa: E731
+    expression, name = {
+        "difference": (lambda: f"{v[1]} - {v[0]}", "change"),
+        "growth": (lambda: growth(v[0], v[1]), "growth_percent"),
+        "percent": (lambda: f"100.0 * {v[0]} / {v[1]}", "percent"),
+        "ratio": (lambda: f"1.0 * {v[0]} / {v[1]}", "ratio"),
+        "growth_gap": (lambda: f"{growth(v[0], v[1])} - {growth(v[2], v[3])}", "gap_points"),
+    }.get(formula, (None, None))
+    if expression is None:
+        raise StropError(f"no scripted query for formula {formula!r}")
+    return f"SELECT ROUND({expression()}, {3 if unit == 'ratio' else 2}) AS {name}"
 
 
-def _term_key(term: dict) -> tuple:
-    if term["table"] == "segment_revenue":
-        return term["table"], "revenue", term["year"], term["segment"]
-    return term["table"], term["column"], term["year"], None
+def _copied(shown: str, unit: str) -> str:
+    """The answer as a model would copy it from the query's result: the value under the header, with a % for a
+    percentage."""
+    value = shown.splitlines()[1].strip()
+    return value + "%" if unit == "percent" else value
 
 
 def _mistaken(sql: str, table: str, rng: random.Random) -> str:
@@ -131,31 +132,9 @@ def _mistaken(sql: str, table: str, rng: random.Random) -> str:
     wrong_columns = [c for c in COLUMN_MISTAKES if re.search(rf"\b{c}\b", sql)]
     if wrong_columns and rng.random() < 0.7:
         column = rng.choice(wrong_columns)
-        return re.sub(rf"\b{column}\b", COLUMN_MISTAKES[column], sql)
-    return sql.replace(f"FROM {table}", f"FROM {TABLE_MISTAKES[table]}")
+        return re.sub(rf"\b{column}\b", COLUMN_MISTAKES[column], sql, count=1)
+    return sql.replace(f"FROM {table}", f"FROM {TABLE_MISTAKES[table]}", 1)
 
 
-def _answer(formula: str, values: list[float], unit: str) -> str:
-    growth = lambda a, b: (b - a) / a * 100  # noqa: E731
-    if formula == "value":
-        result = values[0]
-    elif formula == "difference":
-        result = values[1] - values[0]
-    elif formula == "growth":
-        result = growth(values[0], values[1])
-    elif formula == "average":
-        result = sum(values) / len(values)
-    elif formula in ("percent", "ratio"):
-        result = values[0] / values[1] * (100 if formula == "percent" else 1)
-    elif formula == "growth_gap":
-        result = growth(values[0], values[1]) - growth(values[2], values[3])
-    else:
-        raise StropError(f"no scripted answer for formula {formula!r}")
-    if unit == "percent":
-        return f"{result:.2f}%"
-    if unit == "ratio":
-        return f"{result:.3f}"
-    return f"{result:.2f}"
 
-
-__all__ = ["demonstrations", "play_demonstration", "DEMO_SPLITS", "data"]
+__all__ = ["demonstrations", "play_demonstration", "answer_query", "DEMO_SPLITS"]
