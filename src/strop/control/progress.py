@@ -49,20 +49,22 @@ class EvalBar:
 
 
 class RunBar:
-    """Steps of a run, with the last step's reward and zero-variance groups."""
+    """Steps of a run, with the last step's reward and zero-variance groups (GRPO) or its loss (SFT)."""
 
-    def __init__(self, run_id: str, steps: int):
+    def __init__(self, run_id: str, steps: int, desc: str = "train"):
         # lazy: tqdm is heavy or optional, loaded only when this runs
         from tqdm import tqdm
         self.run_id = run_id
-        self.bar = tqdm(total=steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True, smoothing=0)
+        self.bar = tqdm(total=steps, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True, smoothing=0)
 
     def update(self, info: dict) -> None:
         # lazy: strop.control.runs pulls in sqlalchemy, which importing this module does not need
         from strop.control import runs
-        rows = runs.metrics(self.run_id)
+        rows = [r for r in runs.metrics(self.run_id) if r.get("step", 0) >= 0]  # SFT's step -1: held-out loss
         self.bar.update(len(rows) - self.bar.n)
-        if rows:
+        if rows and "loss" in rows[-1] and "reward" not in rows[-1]:
+            self.bar.set_postfix(loss=f"{rows[-1]['loss']:.3f}")
+        elif rows:
             self.bar.set_postfix(reward=f"{rows[-1].get('reward', 0):.3f}",
                                  zvg=f"{rows[-1].get('zeroVarianceGroups', 0):.2f}")
 
@@ -71,3 +73,17 @@ class RunBar:
 
     def __exit__(self, *exc):
         self.bar.close()
+
+
+class EpisodeBar(EvalBar):
+    """Episodes of an environment evaluation, one bar per split."""
+
+    def update(self, split: str, finished: int, total: int) -> None:
+        # lazy: tqdm is heavy or optional, loaded only when this runs
+        from tqdm import tqdm
+        if split != self.phase:
+            self.close()
+            self.phase = split
+            self.bar = tqdm(total=total, desc=f"{self.label} {split}", unit="episode", file=sys.stderr,
+                            dynamic_ncols=True, smoothing=0)
+        self.bar.update(finished - self.bar.n)

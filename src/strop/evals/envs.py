@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from strop import model_info
@@ -35,14 +36,24 @@ def _summary(episodes: list[dict]) -> dict:
     n = len(episodes)
     return {"n": n, "pass@1": sum(e["passed"] for e in episodes) / n if n else 0.0,
             "meanReward": statistics.fmean(e["reward"] for e in episodes) if n else 0.0,
-            "rubrics": {k.removeprefix("rubric/"): v for k, v in rubric_metrics([e["state"] for e in episodes]).items()},
+            "rubrics": {**{k.removeprefix("rubric/"): v for k, v in rubric_metrics([e["state"] for e in episodes]).items()},
+                        **valid_call_rate(episodes)},
             "episodes": episodes}
+
+
+def valid_call_rate(episodes: list[dict]) -> dict[str, float]:
+    """The share of the model's turns that made a well-formed tool call (a reply with no call, or one that does
+    not parse, is not); whether the call was right is the environment's to say."""
+    turns = sum(e["turns"] for e in episodes)
+    return {"validToolCalls": 1 - sum(e["invalidCalls"] for e in episodes) / turns} if turns else {}
 
 
 def evaluate_env(model: str, env_name: str, *, splits: list[str] | None = None, limit: int | None = None,
                  options: dict | None = None, adapter: str | None = None, max_tokens: int = 256,
-                 max_turns: int | None = None, api_key_env: str = "OPENAI_API_KEY", concurrency: int = 4) -> dict:
-    """pass@1, mean reward and rubrics per split of `env_name` for `model` (local, or openai:NAME@URL)."""
+                 max_turns: int | None = None, api_key_env: str = "OPENAI_API_KEY", concurrency: int = 4,
+                 on_progress=None) -> dict:
+    """pass@1, mean reward and rubrics per split of `env_name` for `model` (local, or openai:NAME@URL).
+    `on_progress(split, finished, total)` is called as episodes finish."""
     probe = get_env(env_name, **(options or {}))
     try:
         splits = splits or [s for s in probe.splits() if s != "train"] or probe.splits()
@@ -53,38 +64,54 @@ def evaluate_env(model: str, env_name: str, *, splits: list[str] | None = None, 
     for split, split_tasks in tasks.items():
         if model.startswith("openai:"):
             episodes = _endpoint_episodes(model, env_name, options or {}, split_tasks, max_tokens=max_tokens,
-                                          max_turns=max_turns, api_key_env=api_key_env, concurrency=concurrency)
+                                          max_turns=max_turns, api_key_env=api_key_env, concurrency=concurrency,
+                                          on_progress=_bound(on_progress, split))
         else:
             episodes = _local_episodes(model, env_name, options or {}, split_tasks, adapter=adapter,
-                                       max_tokens=max_tokens, max_turns=max_turns)
+                                       max_tokens=max_tokens, max_turns=max_turns,
+                                       on_progress=_bound(on_progress, split))
         out["splits"][split] = _summary(episodes)
     return out
 
 
-def _local_episodes(model, env_name, options, tasks, *, adapter, max_tokens, max_turns) -> list[dict]:
+def _bound(on_progress, split: str):
+    return None if on_progress is None else (lambda finished, total: on_progress(split, finished, total))
+
+
+def _local_episodes(model, env_name, options, tasks, *, adapter, max_tokens, max_turns, on_progress) -> list[dict]:
     """Greedy episodes through strop's sampler: the rollout path training uses (`strop.rl.rollouts.play`)."""
     sampler = ServiceClient().create_sampling_client(base_model=model, model_path=adapter)
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
     pool = EnvPool({"name": env_name, "options": options}, len(tasks))
     try:
         source = EnvironmentSource(pool, max_turns=max_turns)
-        groups = play(sampler, renderer, source.episodes(tasks, 1), max_tokens=max_tokens, temperature=0.0)
+        groups = play(sampler, renderer, source.episodes(tasks, 1), max_tokens=max_tokens, temperature=0.0,
+                      on_turn=on_progress)
     finally:
         pool.close()
     return [{"task": r.task_id, "gold": r.gold, "reward": r.reward, "passed": _passed(r.reward, r.info),
-             "turns": len(r.turns), "state": r.state, "transcript": r.transcript()} for [r] in groups]
+             "turns": len(r.turns), "invalidCalls": r.parse_errors, "state": r.state, "transcript": r.transcript()}
+            for [r] in groups]
 
 
-def _endpoint_episodes(model, env_name, options, tasks, *, max_tokens, max_turns, api_key_env, concurrency):
+def _endpoint_episodes(model, env_name, options, tasks, *, max_tokens, max_turns, api_key_env, concurrency,
+                       on_progress=None):
     ref = parse_openai_ref(model)
     client = client_for(ref, api_key_env=api_key_env)
+    finished = 0
+    lock = threading.Lock()
 
     def one(task):
+        nonlocal finished
         env = get_env(env_name, **options)
         try:
             return _endpoint_episode(client, ref.model, env, task, max_tokens, max_turns or env.max_turns)
         finally:
             env.close()
+            if on_progress is not None:
+                with lock:
+                    finished += 1
+                    on_progress(finished, len(tasks))
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         return list(pool.map(one, tasks))
@@ -92,7 +119,7 @@ def _endpoint_episodes(model, env_name, options, tasks, *, max_tokens, max_turns
 
 def _endpoint_episode(client, model_name, env, task, max_tokens, max_turns) -> dict:
     messages = [{"role": "user", "content": cap_observation(env.reset(task).content)}]
-    reward, info, turns, error = 0.0, {}, 0, None
+    reward, info, turns, error, invalid = 0.0, {}, 0, None, 0
     for turns in range(1, max_turns + 1):
         try:
             reply = client.chat.completions.create(model=model_name, messages=messages, tools=env.tools(),
@@ -104,6 +131,7 @@ def _endpoint_episode(client, model_name, env, task, max_tokens, max_turns) -> d
         messages.append({"role": "assistant", "content": reply.content or "",
                          **({"tool_calls": [c.model_dump() for c in calls]} if calls else {})})
         if not calls:
+            invalid += 1
             messages.append({"role": "user", "content": "Call a tool; give your final answer with submit_answer."})
             continue
         done = False
@@ -112,6 +140,7 @@ def _endpoint_episode(client, model_name, env, task, max_tokens, max_turns) -> d
                 arguments = json.loads(call.function.arguments or "{}")
             except json.JSONDecodeError as exc:
                 arguments, content = None, f"arguments are not valid JSON: {exc.msg}"
+                invalid += 1
             if arguments is not None:
                 result = env.step(ToolCall(call.function.name, arguments if isinstance(arguments, dict) else {}, call.id))
                 content, done = cap_observation(result.observation.content), result.done
@@ -123,4 +152,4 @@ def _endpoint_episode(client, model_name, env, task, max_tokens, max_turns) -> d
         if done:
             break
     return {"task": task.id, "gold": task.answer, "reward": reward, "passed": _passed(reward, info), "turns": turns,
-            "state": env.state(), "transcript": messages, **({"error": error} if error else {})}
+            "invalidCalls": invalid, "state": env.state(), "transcript": messages, **({"error": error} if error else {})}
