@@ -183,5 +183,57 @@ def _item(correct):
 def test_quickstart_help_teaches_the_main_flags():
     done = subprocess.run([sys.executable, "-m", "strop.cli.main", "quickstart", "--help"], capture_output=True, text=True)
     for flag in ("--base-model", "--dataset", "--data-file", "--steps", "--eval-n", "--baseline", "--judge", "--out",
-                 "--concurrency", "--max-retries", "--timeout", "11-12 minutes", "the --base-model itself"):
-        assert flag in done.stdout
+                 "--concurrency", "--max-retries", "--timeout", "11-12 minutes", "the --base-model itself", "--task",
+                 "finance-sql", "--demos", "--sft-steps", "with --task finance-sql"):
+        assert flag in " ".join(done.stdout.split())
+
+
+FINANCE_TINY = ("--task", "finance-sql", "--base-model", "strop/tiny-random", "--eval-n", "3", "--demos", "6",
+                "--sft-steps", "2", "--steps", "1", "--batch-size", "1", "--group-size", "2", "--max-tokens", "12")
+
+
+def test_finance_sql_quickstart_warm_starts_then_rl_and_cleans_up(tmp_path):
+    """Seed 004's story at a tiny size: demonstrations, a baseline on both unseen splits, SFT, GRPO from the SFT
+    model (lineage kept), the tuned evaluation, statistics per split, the table and the report; then cleanup."""
+    home, out = tmp_path / "home", tmp_path / "qs"
+    done = strop("quickstart", *FINANCE_TINY, "--out", out, home=home)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for part in ("Exact Match Accuracy", "McNemar p", "eval-single (n=3)", "eval-multi (n=3)", "validToolCalls",
+                 "recoveries", "warm start:", "strop cleanup"):
+        assert part in done.stdout, part
+    manifest = json.loads((out / "quickstart.json").read_text())
+    assert manifest["status"] == "succeeded" and manifest["options"]["task"] == "finance-sql"
+    assert manifest["summary"]["n"] == 6 and set(manifest["summary"]["splits"]) == {"eval-single", "eval-multi"}
+    demos = [json.loads(line) for line in (out / "data" / "demos.jsonl").read_text().splitlines()]
+    assert len(demos) == 6 and all(d["messages"][-1]["role"] == "tool" for d in demos)
+    sft_metrics = listed("runs", "metrics", manifest["warmStartRun"], home=home)
+    assert [r["step"] for r in sft_metrics if r["step"] >= 0] == [0, 1] and "loss" in sft_metrics[-1]
+    rl = listed("runs", "get", manifest["run"], home=home)
+    assert rl["method"] == "grpo" and rl["lineage"][1]["modelId"] == manifest["warmStartModel"]
+    assert listed("runs", "get", manifest["warmStartRun"], home=home)["method"] == "sft"
+    for side in ("baseline", "tuned"):
+        report = json.loads((out / "evaluations" / f"{side}.json").read_text())
+        assert [s["n"] for s in report["splits"].values()] == [3, 3]
+        assert all(0.0 <= s["rubrics"]["validToolCalls"] <= 1.0 for s in report["splits"].values())
+    with sa.create_engine(f"sqlite:///{home / 'strop.db'}").connect() as conn:
+        assert conn.scalar(sa.text("SELECT count(*) FROM strop_eval_comparison")) == 6
+    assert (out / "report" / "report.html").stat().st_size > 1000
+
+    cleaned = strop("cleanup", "--out", out, "-o", "json", home=home)
+    assert cleaned.returncode == 0, cleaned.stderr
+    removed = json.loads(cleaned.stdout)
+    assert removed["runs"] == [manifest["run"], manifest["warmStartRun"]]
+    assert sorted(removed["models"]) == sorted([manifest["model"], manifest["warmStartModel"]])
+    assert removed["datasets"] == [f"{manifest['quickstartId']}/demos"] and not out.exists()
+    assert listed("runs", "list", home=home) == [] and listed("models", "list", home=home) == []
+
+
+def test_finance_sql_quickstart_refuses_the_flags_of_the_other_task(tmp_path):
+    home, out = tmp_path / "home", tmp_path / "qs"
+    done = strop("quickstart", "--task", "finance-sql", "--judge", "openai:j@http://127.0.0.1:9/v1", "--dataset",
+                 "gsm8k", "--sft-steps", "0", "--out", out, home=home)
+    assert done.returncode == 1
+    for part in ("--judge applies to --task gsm8k", "--dataset and --data-file choose the data of --task gsm8k",
+                 "--sft-steps must be at least 1"):
+        assert part in done.stderr, part
+    assert not out.exists()

@@ -32,8 +32,12 @@ from strop.rl.limits import LIMITS
 MANIFEST = "quickstart.json"
 
 
+TASKS = ("gsm8k", "finance-sql")
+
+
 @dataclass(frozen=True)
 class QuickstartOptions:
+    task: str = "gsm8k"                 # gsm8k (seed 000: math word problems) | finance-sql (seed 004: tool use)
     base_model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
     dataset: str = "synthetic"          # synthetic | synthetic:LEVEL | gsm8k
     data_file: str | None = None        # a local GSM8K-style file, or a folder with train.jsonl and test.jsonl
@@ -52,6 +56,24 @@ class QuickstartOptions:
     concurrency: int = 4                # for openai:NAME@URL baselines and judges
     max_retries: int = 3
     request_timeout: float = 120.0
+    demos: int = 240                    # finance-sql: demonstrations for the warm start
+    sft_steps: int = 16                 # finance-sql: supervised steps of 8 demonstrations
+    sft_learning_rate: float = 5e-4
+
+    @classmethod
+    def for_task(cls, task: str = "gsm8k", **given) -> QuickstartOptions:
+        """The options of `task`: its own defaults, then what was given (None: the default)."""
+        defaults = TASK_DEFAULTS.get(task, {}) if isinstance(task, str) else {}
+        return cls(task=task, **{**defaults, **{k: v for k, v in given.items() if v is not None}})
+
+
+# what a task sizes differently from the dataclass's defaults (gsm8k's). finance-sql's episodes are ~1,500 tokens:
+# measured on 2 CPU cores, ~100 s a supervised step of 8 and ~12 s an evaluation episode, so its defaults take
+# over an hour on such a machine (benchmarks/RESULTS.md)
+TASK_DEFAULTS: dict[str, dict] = {
+    "gsm8k": {"judge": "local"},
+    "finance-sql": {"steps": 4, "batch_size": 4, "group_size": 8, "max_tokens": 200, "eval_n": 50, "judge": None},
+}
 
 
 # quickstart option -> the run config field it sets
@@ -60,7 +82,8 @@ TRAINING = {"steps": "max_steps", "group_size": "group_size", "batch_size": "bat
 
 # What quickstart writes under --out (besides quickstart.json); an existing one is never overwritten.
 OWN_FILES = ("data/train.jsonl", "data/eval.jsonl", "run.json", "report/report.html", "report/dashboard.png",
-             "report/training.png", "report/comparison.json")
+             "report/training.png", "report/comparison.json", "data/demos.jsonl", "sft-run.json",
+             "evaluations/baseline.json", "evaluations/tuned.json")
 
 
 def _say(message: str) -> None:
@@ -77,6 +100,12 @@ def _check(o: QuickstartOptions) -> None:
     # lazy: strop.evals.openai_client pulls in torch, numpy, which importing this module does not need
     from strop.evals.openai_client import parse_openai_ref
     problems = []
+    if o.task not in TASKS:
+        problems.append(f"--task must be one of {', '.join(TASKS)}, got {o.task!r}")
+    elif o.task == "finance-sql":
+        # lazy: the finance-sql steps load only for that task
+        from strop.control import quickstart_finance
+        problems += quickstart_finance.problems(o)
     # the training flags are checked by the run config's one validator (the run quickstart starts is checked by it
     # again, through its descriptor); quickstart's own options here
     for name, problem in GRPOConfig.problems_of({field: getattr(o, option) for option, field in TRAINING.items()}):
@@ -105,9 +134,9 @@ def _check(o: QuickstartOptions) -> None:
             models.get(o.judge)
         except StropError as exc:
             problems.append(f"--judge: {exc}")
-    if o.data_file is None and not (o.dataset == "gsm8k" or o.dataset == "synthetic" or o.dataset.startswith("synthetic:")):
+    if o.task == "gsm8k" and o.data_file is None and not (o.dataset == "gsm8k" or o.dataset == "synthetic" or o.dataset.startswith("synthetic:")):
         problems.append(f"--dataset must be synthetic, synthetic:LEVEL or gsm8k (or give --data-file), got {o.dataset!r}")
-    if o.data_file is not None and not Path(o.data_file).exists():
+    if o.task == "gsm8k" and o.data_file is not None and not Path(o.data_file).exists():
         problems.append(f"--data-file {o.data_file}: no such file or folder")
     out = Path(o.out)
     if out.exists() and not out.is_dir():
@@ -235,7 +264,7 @@ def run_quickstart(o: QuickstartOptions) -> dict:
             base_models.select(judge)
         except StropError as exc:
             raise StropError(f"--judge {judge}: {exc}") from None
-    train_rows, eval_rows = _rows(o)
+    train_rows, eval_rows = _rows(o) if o.task == "gsm8k" else (None, None)
     out = Path(o.out).resolve()
     made_out = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -244,7 +273,12 @@ def run_quickstart(o: QuickstartOptions) -> dict:
                                           "created": [], "project": None, "datasets": [], "run": None,
                                           "model": None, "evaluations": {}, "results": None, "report": None})
     try:
-        _steps(o, out, manifest, train_rows, eval_rows)
+        if o.task == "finance-sql":
+            # lazy: the finance-sql steps load only for that task
+            from strop.control import quickstart_finance
+            quickstart_finance.run_steps(o, out, manifest, _say)
+        else:
+            _steps(o, out, manifest, train_rows, eval_rows)
     except (StropError, KeyboardInterrupt) as exc:
         manifest.set(status="failed", error=str(exc) or type(exc).__name__)
         if isinstance(exc, KeyboardInterrupt):
@@ -334,33 +368,35 @@ def cleanup(out: str | Path) -> dict:
     m = load_manifest(out)
     removed: dict[str, list] = {"tables": [], "evaluations": [], "models": [], "artifacts": [], "runs": [],
                                 "projects": [], "datasets": [], "files": []}
-    if m.get("run"):
-        status = runs.get(m["run"])["status"] if _exists(Run, m["run"]) else None
+    run_ids = [r for r in (m.get("run"), m.get("warmStartRun")) if r]  # the RL run first: it started from the other
+    for run_id in run_ids:
+        status = runs.get(run_id)["status"] if _exists(Run, run_id) else None
         if status in ("pending", "running"):
-            raise StropError(f"run {m['run']} is still {status}; `strop runs cancel {m['run']}` first, then clean up")
+            raise StropError(f"run {run_id} is still {status}; `strop runs cancel {run_id}` first, then clean up")
     if m.get("results"):
         removed["tables"] = delete_comparison(m["results"]["comparisonId"],
                                               url=m["results"].get("resultsUrl") or open_store())
     shas = set()
     with session_scope(open_store()) as s:
         ids = list((m.get("evaluations") or {}).values())
-        if m.get("run"):
-            ids += s.scalars(select(Evaluation.id).where(Evaluation.run_id == m["run"])).all()
+        for run_id in run_ids:
+            ids += s.scalars(select(Evaluation.id).where(Evaluation.run_id == run_id)).all()
         for evaluation_id in dict.fromkeys(ids):
             if s.get(Evaluation, evaluation_id) is not None:
                 s.delete(s.get(Evaluation, evaluation_id))
                 removed["evaluations"].append(evaluation_id)
         s.flush()
-        if m.get("run"):
-            for model in s.scalars(select(Model).where(Model.run_id == m["run"])).all():
+        for run_id in run_ids:
+            for model in s.scalars(select(Model).where(Model.run_id == run_id)).all():
                 removed["models"].append(model.id)
                 shas.add(model.artifact_sha256)
                 s.delete(model)
             s.flush()
-            run = s.get(Run, m["run"])
+            run = s.get(Run, run_id)
             if run is not None:
                 s.delete(run)
-                removed["runs"].append(m["run"])
+                removed["runs"].append(run_id)
+            s.flush()
         s.flush()
         if m.get("project"):
             project = s.scalar(select(Project).where(Project.name == m["project"]))
