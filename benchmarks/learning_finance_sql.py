@@ -43,7 +43,7 @@ def main() -> int:
     cli.add_argument("--sft-steps", type=int, default=60)
     cli.add_argument("--sft-batch", type=int, default=8)
     cli.add_argument("--sft-lr", type=float, default=5e-4)
-    cli.add_argument("--grpo-steps", type=int, default=6)
+    cli.add_argument("--grpo-steps", type=int, default=6, help="0: no GRPO phase (base vs SFT only)")
     cli.add_argument("--grpo-batch", type=int, default=4, help="tasks per GRPO step")
     cli.add_argument("--grpo-group", type=int, default=8, help="episodes per task")
     cli.add_argument("--grpo-lr", type=float, default=1e-4)
@@ -85,6 +85,14 @@ def main() -> int:
     print(f"sft: {args.sft_steps} steps in {seconds['sft']:.0f} s; held-out loss "
           f"{[round(e, 3) for _, _, e in losses if e is not None]}", flush=True)
 
+    models = {"base": None, "sft": str(sft.final_adapter)}
+    if args.grpo_steps > 0:  # 0: the warm start alone, base vs SFT
+        models["sft+grpo"] = str(_grpo(args, env_spec, sft, seconds).final_adapter)
+    evaluate(args, models, env_spec, seconds, started)
+    return 0
+
+
+def _grpo(args, env_spec: dict, sft, seconds: dict):
     t0 = time.perf_counter()
     grpo = run_grpo(GRPOConfig(base_model=args.model, init_adapter=str(sft.final_adapter),
                                environment={"name": "finance-sql", "options": env_spec, "split": "train"},
@@ -97,8 +105,10 @@ def main() -> int:
         print(f"grpo step {row['step']}: reward {row['reward']:.3f}  zeroVarianceGroups {row['zeroVarianceGroups']:.2f}  "
               f"datums {row['datums']}  {row['stepSeconds']:.0f} s (sample {row['sampleSeconds']:.0f}, "
               f"train {row['trainSeconds']:.0f})", flush=True)
+    return grpo
 
-    models = {"base": None, "sft": str(sft.final_adapter), "sft+grpo": str(grpo.final_adapter)}
+
+def evaluate(args, models: dict, env_spec: dict, seconds: dict, started: float) -> None:
     reports = {}
     for name, adapter in models.items():
         t0 = time.perf_counter()
@@ -133,7 +143,6 @@ def main() -> int:
           + f"; total {summary['minutes_total']} min")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary))
-    return 0
 
 
 if __name__ == "__main__":
