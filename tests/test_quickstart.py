@@ -234,6 +234,6 @@ def test_finance_sql_quickstart_refuses_the_flags_of_the_other_task(tmp_path):
                  "gsm8k", "--sft-steps", "0", "--out", out, home=home)
     assert done.returncode == 1
     for part in ("--judge applies to --task gsm8k", "--dataset and --data-file choose the data of --task gsm8k",
-                 "--sft-steps must be at least 1"):
+                 "--sft-steps: must be an integer from 1"):
         assert part in done.stderr, part
     assert not out.exists()

@@ -45,13 +45,16 @@ def env_options(o) -> dict:
 
 def problems(o) -> list[str]:
     """What is wrong with the options for this task (the shared ones are checked by quickstart itself)."""
+    # lazy: strop.rl.limits is the run config's; checked here so a bad value stops before the baseline is evaluated
+    from strop.rl.limits import LIMITS
     found = []
     if o.demos < 1:
         found.append(f"--demos must be at least 1, got {o.demos}")
-    if o.sft_steps < 1:
-        found.append(f"--sft-steps must be at least 1, got {o.sft_steps}")
-    if not o.sft_learning_rate > 0:
-        found.append(f"--sft-learning-rate must be more than 0, got {o.sft_learning_rate}")
+    for flag, limit, value in (("--sft-steps", "max_steps", o.sft_steps),
+                               ("--sft-learning-rate", "learning_rate", o.sft_learning_rate)):
+        problem = LIMITS[limit].problem(value)
+        if problem:
+            found.append(f"{flag}: {problem}")
     if o.data_file is not None or o.dataset != "synthetic":
         found.append("--dataset and --data-file choose the data of --task gsm8k; finance-sql makes its own "
                      "(demonstrations from the train split's companies, evaluation on unseen ones)")
