@@ -9,7 +9,9 @@ adapters restores W0 from a kept copy first, so nothing drifts however often we 
     response.sequences[0].tokens, response.sequences[0].logprobs
 
 Requests are expanded to one row per sample; rows that share a prompt share its prefill (the cache is
-computed once per distinct prompt and repeated). Each row draws from its own seeded generator, so a seeded
+computed once per distinct prompt and repeated), and a prompt that extends one prefilled before (the next turn
+of a tool-use episode) or shares a long prefix with the rest of its batch (a system prompt, tool schemas) runs
+only its new tokens (`strop.engine.prefix_cache`). Each row draws from its own seeded generator, so a seeded
 request gives the same tokens whatever else is in the batch. Logprobs are the model's own (temperature 1,
 no top-k/top-p truncation): what the trainer computes for the same tokens, which makes them usable as the
 behaviour policy for importance sampling when sampling at temperature 1.
@@ -32,6 +34,7 @@ from transformers.utils import logging as hf_logging
 
 from strop.engine.decode import LlamaDecoder
 from strop.engine.malloc import keep_freed_memory
+from strop.engine.prefix_cache import MIN_REUSE, PrefixCache, default_budget
 from strop.types import SampledSequence, SampleResponse, SamplingParams
 
 keep_freed_memory()
@@ -128,7 +131,7 @@ def row_seed(seed: int, index: int) -> int:
 
 class SamplerEngine:
     def __init__(self, model_dir: str | Path, tokenizer=None, dtype: torch.dtype = torch.float32, max_batch: int = 64,
-                 fast_decode: bool = True):
+                 fast_decode: bool = True, prefix_cache_bytes: int | None = None):
         hf_logging.disable_progress_bar()
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
         self.model.requires_grad_(False)
@@ -147,12 +150,16 @@ class SamplerEngine:
         self._grammars: dict[str, object] = {}
         self._grammar_compiler = None
         self._bitmask = None  # reused for every masked row and token: one allocation per engine
+        budget = default_budget() if prefix_cache_bytes is None else prefix_cache_bytes
+        self.prefix_cache = PrefixCache(budget) if budget > 0 else None
 
     # ---- adapters -------------------------------------------------------------------------------------
     def activate(self, adapter: AdapterWeights | None) -> None:
         """Make the engine's weights base + adapter (or the base alone for None)."""
         if adapter is self._active:
             return
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # its keys and values were computed under the old weights
         with torch.no_grad():
             for name, base in self._base_weights.items():
                 self._modules[name].weight.copy_(base)
@@ -233,26 +240,12 @@ class SamplerEngine:
         # prefill each distinct prompt once, then repeat its cache for every row that samples from it
         distinct: dict[tuple[int, ...], int] = {}
         row_to_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        unique = list(distinct)
-        width = max(len(p) for p in unique)
-        pad = 0
-        input_ids = torch.full((len(unique), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(unique), width), dtype=torch.long)
-        for i, prompt in enumerate(unique):
-            input_ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt):] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        if self._decoder is not None:
-            logits_P_V = self._decoder.prefill(input_ids, mask, positions, cache, self._cache_kw)
-        else:
-            logits_P_V = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                                    logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1, :].float()
+        logits_P_V, cache, mask = self._prefill(list(distinct))
         select = torch.tensor(row_to_prompt, dtype=torch.long)
         cache.batch_select_indices(select)
         logits_B_V = logits_P_V[select]
         mask = mask[select]
-        next_pos_B = positions[select, -1] + 1
+        next_pos_B = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         state = self._decoder.start(cache, mask, max(r.max_tokens for r in rows)) if self._decoder else None
         if state is not None:
             del cache  # its keys and values now live in the decoder's buffers
@@ -292,6 +285,74 @@ class SamplerEngine:
                                  use_cache=True, **{self._cache_kw: cache})
                 logits_B_V = out.logits[:, -1, :].float()
             next_pos_B = next_pos_B + 1
+
+    def _prefill(self, unique: list[tuple[int, ...]]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """Run the distinct prompts into a fresh cache; return the last position's logits [P, V] (float32), the
+        cache and its attention mask [P, C + N]. Where the prefix cache holds a prompt's first n tokens, their keys
+        and values are copied in (right-aligned in the first C slots, the gap before them masked) and only the
+        rest is run, left-padded in the last N; every prompt is then added to the prefix cache."""
+        hits: list[tuple[tuple[int, ...] | None, int]] = [(None, 0)] * len(unique)
+        if self.prefix_cache is not None:
+            if len(unique) > 1:
+                self._cache_shared_prefix(unique)
+            hits = [self.prefix_cache.longest(p) for p in unique]
+        cached = max(n for _, n in hits)
+        rests = [p[n:] for p, (_, n) in zip(unique, hits)]
+        width = max(len(r) for r in rests)
+        input_ids = torch.zeros((len(unique), width), dtype=torch.long)
+        mask = torch.zeros((len(unique), cached + width), dtype=torch.long)
+        positions = torch.zeros((len(unique), width), dtype=torch.long)
+        for i, (rest, (_, n)) in enumerate(zip(rests, hits)):
+            input_ids[i, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
+            positions[i, width - len(rest):] = torch.arange(n, n + len(rest))
+            mask[i, cached - n:cached] = 1
+            mask[i, cached + width - len(rest):] = 1
+        cache = DynamicCache()
+        if cached:
+            self._fill_cache(cache, hits, cached)
+        if self._decoder is not None:
+            logits_P_V = self._decoder.prefill(input_ids, mask, positions, cache, self._cache_kw)
+        else:
+            logits_P_V = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                    logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1, :].float()
+        if self.prefix_cache is not None:
+            valid = mask.bool()
+            for i, prompt in enumerate(unique):
+                if len(prompt) > MIN_REUSE:
+                    layers = [(layer.keys[i][:, valid[i]], layer.values[i][:, valid[i]]) for layer in cache.layers]
+                    self.prefix_cache.add(prompt, layers, replaces=hits[i][0])
+        return logits_P_V, cache, mask
+
+    def _fill_cache(self, cache: DynamicCache, hits, cached: int) -> None:
+        """Each layer's keys and values [P, kv_heads, cached, head_dim]: a hit's n positions in its last n slots."""
+        reference = self.prefix_cache.layers(next(key for key, n in hits if n))
+        for index, (k0, _) in enumerate(reference):
+            keys = k0.new_zeros((len(hits), k0.shape[0], cached, k0.shape[2]))
+            values = torch.zeros_like(keys)
+            for i, (key, n) in enumerate(hits):
+                if n:
+                    k, v = self.prefix_cache.layers(key)[index]
+                    keys[i, :, cached - n:] = k[:, :n]
+                    values[i, :, cached - n:] = v[:, :n]
+            cache.update(keys, values, index)
+
+    def _cache_shared_prefix(self, unique: list[tuple[int, ...]]) -> None:
+        """Prefill the prefix every prompt of the batch shares (a system prompt, tool schemas) once, alone, into
+        the prefix cache, unless the cache already holds most of it: then each prompt runs only its own rest."""
+        first = torch.tensor(unique[0], dtype=torch.long)
+        shared = min(len(p) for p in unique)
+        for prompt in unique[1:]:
+            differ = (torch.tensor(prompt[:shared], dtype=torch.long) != first[:shared]).nonzero()
+            shared = int(differ[0]) if len(differ) else shared
+            if shared <= MIN_REUSE:
+                return
+        if shared >= min(len(p) for p in unique):  # a prompt that is the prefix: it runs as itself
+            shared -= 1
+        if shared <= MIN_REUSE:
+            return
+        _, have = self.prefix_cache.longest(unique[0][:shared + 1])
+        if have < shared - MIN_REUSE:
+            self._prefill([unique[0][:shared]])
 
     def _mask_to_grammar(self, logits_B_V: torch.Tensor, b: int, matcher) -> None:
         # lazy: xgrammar is heavy or optional, loaded only when this runs
