@@ -97,11 +97,10 @@ def run_strop(config: dict, channel: Channel) -> None:
                       learning_rate=config["lr"], lora_rank=config["rank"], lora_alpha=config["rank"],
                       lora_target_modules=config["targets"], temperature=1.0, top_p=1.0, kl_beta=0.0,
                       scale_by_std=False, loss_fn="importance_sampling", weight_decay=0.0, grad_clip_norm=1.0,
-                      seed=config["seed"])
-    service = strop.ServiceClient(sampler_dtype=grpo.sampler_dtype)
+                      seed=config["seed"], dtype=config.get("dtype", "float32"))
+    service = strop.ServiceClient(dtype=grpo.dtype)
     training = service.create_lora_training_client(base_model=model, rank=grpo.lora_rank, alpha=grpo.lora_alpha,
-                                                   seed=grpo.seed, target_modules=grpo.lora_target_modules,
-                                                   compute_dtype=grpo.compute_dtype)
+                                                   seed=grpo.seed, target_modules=grpo.lora_target_modules)
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), training.get_tokenizer())
     rows = [Row(question=q, answer="0") for q in config["questions"]]
     if [build_prompt(renderer, row, grpo).to_ints() for row in rows] != config["prompt_ids"]:

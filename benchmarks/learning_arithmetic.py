@@ -60,12 +60,18 @@ def main() -> int:
     cli.add_argument("--lr", type=float, default=1e-4)
     cli.add_argument("--rank", type=int, default=32)
     cli.add_argument("--eval-n", type=int, default=200)
+    cli.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                     help="what sampling and training compute in (default: %(default)s, bfloat16 where the CPU has "
+                          "bf16 units)")
     cli.add_argument("--out", type=Path, default=Path("benchmarks/out/learning_arithmetic"))
     args = cli.parse_args()
 
+    from strop.engine.precision import kernels, resolve_dtype
+    dtype = resolve_dtype(args.dtype)
+    print(f"{args.model}, {dtype}; CPU kernels {kernels()}", flush=True)
     t_start = time.perf_counter()
     eval_rows = held_out(args.level, args.eval_n)
-    service = strop.ServiceClient()
+    service = strop.ServiceClient(dtype=dtype)
     renderer = renderers.get_renderer(model_info.get_recommended_renderer_name(args.model),
                                       strop.tokenizer_utils.get_tokenizer(args.model))
 
@@ -77,7 +83,7 @@ def main() -> int:
     config = GRPOConfig(base_model=args.model, dataset=f"synthetic:{args.level}", max_steps=args.steps,
                         batch_size=args.batch_size, group_size=args.group_size, max_completion_length=args.max_tokens,
                         learning_rate=args.lr, lora_rank=args.rank, temperature=1.0, kl_beta=0.0,
-                        save_every=args.steps, keep_adapters=1)
+                        save_every=args.steps, keep_adapters=1, dtype=dtype)
     if args.out.exists():
         import shutil
         shutil.rmtree(args.out)  # a benchmark starts fresh; a resumed run would not measure training time
@@ -101,7 +107,7 @@ def main() -> int:
     print(f"after:  {sum(after)}/{len(after)} = {acc_after:.1%} ({eval_after_s:.0f} s)")
     print(f"discordant pairs: {b} right->wrong, {c} wrong->right; exact McNemar p = {p:.3g}")
     print(f"training {train_s:.0f} s for {args.steps} steps ({train_s / args.steps:.1f} s/step); total {total_s:.0f} s")
-    summary = {"model": args.model, "level": args.level, "steps": args.steps, "eval_n": len(eval_rows),
+    summary = {"model": args.model, "dtype": dtype, "kernels": kernels(), "level": args.level, "steps": args.steps, "eval_n": len(eval_rows),
                "acc_before": acc_before, "acc_after": acc_after, "mcnemar_b": b, "mcnemar_c": c, "p": p,
                "train_seconds": train_s, "total_seconds": total_s}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))

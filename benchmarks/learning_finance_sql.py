@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import shutil
 import sys
 import time
@@ -51,8 +52,14 @@ def main() -> int:
     cli.add_argument("--max-tokens", type=int, default=160, help="most tokens per model turn")
     cli.add_argument("--max-turns", type=int, default=6, help="most tool calls per episode")
     cli.add_argument("--eval-n", type=int, default=100, help="episodes per evaluation split (default: %(default)s)")
+    cli.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                     help="what every phase computes in (default: %(default)s, bfloat16 where the CPU has bf16 units)")
     cli.add_argument("--out", type=Path, default=Path("benchmarks/out/learning_finance_sql"))
     args = cli.parse_args()
+    from strop.engine.precision import kernels, resolve_dtype
+    args.dtype = resolve_dtype(args.dtype)
+    os.environ["STROP_DTYPE"] = args.dtype  # the evaluations' samplers too
+    print(f"{args.model}, {args.dtype}; CPU kernels {kernels()}", flush=True)
 
     if args.out.exists():
         shutil.rmtree(args.out)  # a benchmark starts fresh: a resumed run would not measure its phases
@@ -79,7 +86,7 @@ def main() -> int:
     sft = run_sft(SFTConfig(base_model=args.model, dataset=str(demos_file), max_steps=args.sft_steps,
                             batch_size=args.sft_batch, learning_rate=args.sft_lr, lora_rank=args.rank,
                             eval_fraction=0.05, eval_every=max(1, args.sft_steps // 3), save_every=args.sft_steps,
-                            keep_adapters=1, max_seq_length=4096), args.out / "sft", progress=False)
+                            keep_adapters=1, max_seq_length=4096, dtype=args.dtype), args.out / "sft", progress=False)
     seconds["sft"] = time.perf_counter() - t0
     losses = [(m["step"], m.get("loss"), m.get("evalLoss")) for m in sft.metrics]
     print(f"sft: {args.sft_steps} steps in {seconds['sft']:.0f} s; held-out loss "
@@ -98,7 +105,8 @@ def _grpo(args, env_spec: dict, sft, seconds: dict):
                                environment={"name": "finance-sql", "options": env_spec, "split": "train"},
                                max_steps=args.grpo_steps, batch_size=args.grpo_batch, group_size=args.grpo_group,
                                max_completion_length=args.max_tokens, learning_rate=args.grpo_lr, lora_rank=args.rank,
-                               temperature=1.0, kl_beta=0.0, save_every=args.grpo_steps, keep_adapters=1, seed=0),
+                               temperature=1.0, kl_beta=0.0, save_every=args.grpo_steps, keep_adapters=1, seed=0,
+                               dtype=args.dtype),
                     args.out / "grpo", progress=False)
     seconds["grpo"] = time.perf_counter() - t0
     for row in grpo.metrics:
@@ -120,7 +128,7 @@ def evaluate(args, models: dict, env_spec: dict, seconds: dict, started: float) 
               + f" ({seconds[f'eval {name}']:.0f} s)", flush=True)
         (args.out / f"eval-{name.replace('+', '-')}.json").write_text(json.dumps(reports[name], indent=1))
 
-    summary = {"model": args.model, "eval_n": args.eval_n, "seconds": {k: round(v) for k, v in seconds.items()},
+    summary = {"model": args.model, "dtype": args.dtype, "kernels": kernels(), "eval_n": args.eval_n, "seconds": {k: round(v) for k, v in seconds.items()},
                "minutes_total": round((time.perf_counter() - started) / 60, 1), "splits": {}}
     print(f"\n{'split':12s} {'model':9s} {'pass@1':>7s}  " + "  ".join(f"{r:>19s}" for r in RUBRICS))
     for split in SPLITS:

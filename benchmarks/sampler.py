@@ -5,7 +5,8 @@ this machine's matmul roofline each reaches.
     python benchmarks/sampler.py --quick     # tiny-random smoke run
 
 Runs in the project's venv (no trl needed). Both sides run in this process on the same prompts (distinct
-chat-formatted "What is a + b?" questions), fp32, and produce exactly --tokens new tokens per row: HF with
+chat-formatted "What is a + b?" questions), in each of --dtypes (fp32 and bf16 by default: one table each, the
+CPU's kernels and bf16 units named at the top), and produce exactly --tokens new tokens per row: HF with
 min_new_tokens = max_new_tokens, strop with the EOS set of its engine emptied (benchmark-only; see
 _grpo_worker.force_fixed_length). Rows are greedy (or, with --sample, sampled at temperature 1, no top-k/top-p,
 on both sides). The last table row is the GRPO shape: --prompts distinct prompts x --group-size samples each at
@@ -17,10 +18,11 @@ sampler sets glibc to keep freed memory (strop.engine.malloc) for the whole proc
 
 tokens/s counts new tokens only; the time includes the prefill. Roofline: model FLOPs per new token (2 x the
 parameters that take part in matmuls, plus attention: 4 x layers x attention width x the mean context length)
-x tokens/s, over the fp32 matmul rate measured in this run (a torch matmul of --matmul-size squares). Prefill is
+x tokens/s, over the matmul rate of the table's dtype measured in this run (a torch matmul of --matmul-size squares). Prefill is
 not counted, so the share is a lower bound. Each figure is the median of --steps runs after one warm-up.
 
-Last line: `batch32 speedup X.XX roofline Y%` (the largest batch: strop's tokens/s over HF's, and strop's share).
+Last line: `batch32 speedup X.XX roofline Y%` (the largest batch in the first dtype: strop's tokens/s over HF's,
+and strop's share); the lines above it give the same for every dtype.
 """
 
 from __future__ import annotations
@@ -106,6 +108,9 @@ def main() -> int:
     cli.add_argument("--tokens", type=int, help="new tokens per row, forced on both sides (default 64; --quick: 8)")
     cli.add_argument("--sample", action="store_true", help="sample at temperature 1 instead of greedy decoding")
     cli.add_argument("--matmul-size", type=int, help="side of the matmul micro-benchmark (default 2048; --quick: 256)")
+    cli.add_argument("--dtypes", default="float32,bfloat16",
+                     help="compute dtypes, each a table of both engines (default: %(default)s; bf16 on a CPU without "
+                          "bf16 units is slow, not wrong)")
     cli.add_argument("--quick", action="store_true", help="a smoke configuration (any flag given still wins)")
     args = cli.parse_args()
     defaults = ({"model": TINY_MODEL, "steps": 1, "batches": "1,4", "prompts": 2, "group_size": 2, "tokens": 8,
@@ -125,22 +130,47 @@ def main() -> int:
     from strop.engine.sampler import SamplerEngine
     from strop.models import load_tokenizer, resolve_model
 
+    from strop.engine.precision import kernels, resolve_dtype
+
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    if not dtypes or any(d not in ("float32", "bfloat16") for d in dtypes):
+        raise SystemExit(f"--dtypes takes float32 and/or bfloat16, got {args.dtypes!r}")
     model_dir = resolve_model(args.model)
     tokenizer = load_tokenizer(args.model)
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     shapes = [(b, 1, args.sample) for b in batches] + [(args.prompts, args.group_size, True)]
-    engine = SamplerEngine(model_dir, tokenizer=tokenizer, dtype=torch.float32,
-                           max_batch=max(p * g for p, g, _ in shapes))
-    engine.eos_ids = frozenset()  # benchmark-only: no early stop, every row runs to --tokens
     ids, _ = chat_prompts(args.model, questions(max(batches + [args.prompts]), seed=0))
 
     gflops = {name: matmul_gflops(args.matmul_size, dtype, repeats=5 if args.quick else 10)
-              for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    print(f"model {args.model}, fp32, {torch.get_num_threads()} torch threads, CPU kernels "
-          f"{torch.backends.cpu.get_cpu_capability()}; {args.tokens} new tokens per row, "
-          f"{'sampled' if args.sample else 'greedy'}; matmul {args.matmul_size}^2: fp32 {gflops['fp32']:.0f} GFLOP/s, "
-          f"bf16 {gflops['bf16']:.0f} GFLOP/s; {load_line()}", flush=True)
+              for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+    print(f"model {args.model}, {torch.get_num_threads()} torch threads, CPU kernels {kernels()} (strop's default "
+          f"dtype here: {resolve_dtype('auto')}); {args.tokens} new tokens per row, "
+          f"{'sampled' if args.sample else 'greedy'}; matmul {args.matmul_size}^2: fp32 {gflops['float32']:.0f} "
+          f"GFLOP/s, bf16 {gflops['bfloat16']:.0f} GFLOP/s; {load_line()}", flush=True)
+    results = []
+    for dtype in dtypes:
+        results += run_dtype(args, dtype, getattr(torch, dtype), model_dir, tokenizer, shapes, ids, gflops[dtype])
+    print(f"after the runs: {load_line()}")
+    top = max(b for b in batches)
+    for dtype, _, _, speedup, share, tps in [r for r in results if r[1] == top and r[2] == 1]:
+        print(f"{dtype}: batch{top} strop {tps:.0f} tok/s, speedup over HF {speedup:.2f}, roofline {share * 100:.1f}%")
+    _, _, _, speedup, share, _ = next(r for r in results if r[1] == top and r[2] == 1)
+    print(f"batch{top} speedup {speedup:.2f} roofline {share * 100:.1f}%")
+    return 0
 
+
+def run_dtype(args, dtype_name, dtype, model_dir, tokenizer, shapes, ids, gflops) -> list[tuple]:
+    """One table: HF generate against strop's sampler, both in `dtype`, every shape."""
+    from transformers import AutoModelForCausalLM
+
+    from strop.engine.sampler import SamplerEngine
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    engine = SamplerEngine(model_dir, tokenizer=tokenizer, dtype=dtype, max_batch=max(p * g for p, g, _ in shapes),
+                           prefix_cache_bytes=0)  # the same prompts again and again: a cache would skip the prefill
+    engine.eos_ids = frozenset()  # benchmark-only: no early stop, every row runs to --tokens
+    print(f"\n{dtype_name}", flush=True)
+
+    batches = sorted({b for b, per, _ in shapes[:-1]})
     # one warm-up per side: first calls pay for lazy initialisation and allocator growth
     hf_generate(hf, tokenizer, ids[:1], args.tokens, args.sample)
     strop_generate(engine, ids[:1], args.tokens, args.sample)
@@ -159,21 +189,16 @@ def main() -> int:
         hf_tps, strop_tps = new_tokens / statistics.median(hf_s), new_tokens / statistics.median(strop_s)
         mean_context = statistics.fmean(len(p) for p in prompts) + (args.tokens - 1) / 2
         dense, attention = flops_per_token(hf, mean_context)
-        share = {name: (dense + attention) * tps / (gflops["fp32"] * 1e9) for name, tps in
+        share = {name: (dense + attention) * tps / (gflops * 1e9) for name, tps in
                  (("hf", hf_tps), ("strop", strop_tps))}
         equal = "-" if sample else f"{sum(a == b for a, b in zip(hf_rows, strop_rows))}/{len(hf_rows)}"
         label = f"{n_prompts}x{per_prompt}" if per_prompt > 1 else str(n_prompts)
         print(f"{label:>10} {hf_tps:9.1f} {strop_tps:11.1f} {strop_tps / hf_tps:7.2f} {share['hf']:7.2%} "
               f"{share['strop']:10.2%}  {equal}", flush=True)
-        results.append((n_prompts * per_prompt, per_prompt, strop_tps / hf_tps, share["strop"]))
+        results.append((dtype_name, n_prompts * per_prompt, per_prompt, strop_tps / hf_tps, share["strop"], strop_tps))
     print(f"FLOPs per new token: {dense / 1e6:.1f} M (2 x matmul parameters) + {attention / 1e6:.2f} M attention "
-          f"(at the last row's mean context {mean_context:.0f}); shares are of fp32 matmul's {gflops['fp32']:.0f} "
-          f"GFLOP/s (of bf16's {gflops['bf16']:.0f}, multiply by {gflops['fp32'] / gflops['bf16']:.2f})")
-    print(f"after the runs: {load_line()}")
-    top = max(b for b in batches)
-    _, _, speedup, share = next(r for r in results if r[0] == top and r[1] == 1)
-    print(f"batch{top} speedup {speedup:.2f} roofline {share * 100:.1f}%")
-    return 0
+          f"(at the last row's mean context {mean_context:.0f}); shares are of {dtype_name} matmul's {gflops:.0f} GFLOP/s")
+    return results
 
 
 if __name__ == "__main__":

@@ -34,6 +34,16 @@ def isolated_strop_home(tmp_path_factory) -> Path:
         yield home
 
 
+@pytest.fixture(scope="session", autouse=True)
+def float32_by_default():
+    """The tiny-model tests compare sampler, trainer and hand-worked numbers to 1e-4: they run in float32 (what
+    `--dtype auto` gives on a machine without bf16 units). bf16 is tested where it is asked for explicitly
+    (test_precision.py), and the SmolLM2 end-to-end test runs the product's default, `auto`."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STROP_DTYPE", os.environ.get("STROP_TEST_DTYPE", "float32"))
+        yield
+
+
 def smollm2_cache_home() -> Path:
     """Where the converted SmolLM2 is kept across sessions: $STROP_TEST_CACHE (default /tmp/strop-test-cache)."""
     return Path(os.environ.get("STROP_TEST_CACHE") or "/tmp/strop-test-cache")

@@ -33,6 +33,8 @@ FORBIDDEN = {
 ALLOWED = {
     ("strop.rl.config", "strop.engine.losses"):      # the loss registry is where every loss name is read from
         "the one registry of loss names (issue 15, item 2)",
+    ("strop.rl.config", "strop.engine.precision"):   # the dtype names a config accepts, checked without torch
+        "the one list of compute dtypes (issue 17, item 4)",
 }
 KNOWN: set = set()   # what is still to be taken apart; empty
 KNOWN_CYCLES = set()

@@ -20,7 +20,8 @@ def test_grpo_steps_on_smollm2(smollm2_home, tmp_path):
     # a small term that always varies, so the update is never empty even if no answer is right
     (bundle / "reward.py").write_text("def compute_score(data_source=None, solution_str=None, ground_truth=None, "
                                       "extra_info=None):\n    return (len(solution_str) % 7) / 70.0\n")
-    env = {**os.environ, "STROP_HOME": str(smollm2_cache_home())}
+    # the product's default dtype (`auto`: bfloat16 on a CPU with bf16 units), not the unit tests' float32
+    env = {**{k: v for k, v in os.environ.items() if k != "STROP_DTYPE"}, "STROP_HOME": str(smollm2_cache_home())}
     proc = subprocess.run(
         [sys.executable, "-m", "strop.cli.main", "train", "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct",
          "--dataset", "synthetic:add", "--steps", "2", "--batch-size", "2", "--group-size", "4", "--max-tokens", "16",
@@ -32,6 +33,9 @@ def test_grpo_steps_on_smollm2(smollm2_home, tmp_path):
     assert [r["step"] for r in rows] == [0, 1]
     assert all(0 < r["completionLength"] <= 16 and r["datums"] > 0 for r in rows)
     assert abs(rows[0]["klSampleTrain"]) < 1e-2  # sampler and trainer agree on the same weights
+    engine = json.loads((tmp_path / "run" / "engine.json").read_text())
+    from strop.engine.precision import cpu_has_bf16
+    assert engine["trainerDtype"] == engine["samplerDtype"] == ("bfloat16" if cpu_has_bf16() else "float32")
 
     # the tuned adapter is a PEFT adapter on the real model, and strop samples from it
     import strop

@@ -25,14 +25,13 @@ import torch
 from strop.engine.resources import plan_grpo_memory
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.trainer import LoraTrainer, load_adapter_weights
+from strop.engine.precision import check_dtype, engine_facts, resolve_dtype, torch_dtype
 from strop.errors import StropError
 from strop.files import check_regular
 from strop.models import CATALOG, load_tokenizer, resolve_model
 from strop.paths import strop_home
 from strop.types import (AdamParams, Datum, ForwardBackwardOutput, ModelInput, OptimStepResponse, SampleResponse,
                          SamplingParams, SaveWeightsResponse)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class APIFuture:
@@ -99,8 +98,9 @@ class _SampleQueue:
 class LocalBackend:
     """Loads base models once per process and keeps one sampler engine per base model."""
 
-    def __init__(self, sampler_dtype: str = "float32", max_batch: int = 64):
-        self.sampler_dtype = DTYPES[sampler_dtype]
+    def __init__(self, dtype: str = "auto", max_batch: int = 64, sampler_dtype: str | None = None):
+        self.dtype = resolve_dtype(dtype)  # what the trainers compute in, named once for the whole process
+        self.sampler_dtype = torch_dtype(sampler_dtype or self.dtype)
         self.max_batch = max_batch
         self._queues: dict[str, _SampleQueue] = {}
 
@@ -209,26 +209,42 @@ class TrainingClient:
     def get_tokenizer(self):
         return self.backend.tokenizer(self.base_model)
 
+    def engine_facts(self) -> dict:
+        """What this client trains and its sampling clients sample in, and on which CPU kernels (a strop
+        extension: runs record it in engine.json)."""
+        return engine_facts(self.trainer.compute_dtype, self.backend.sampler_dtype)
+
 
 class ServiceClient:
     """Entry point. `backend="local"` trains and samples in this process on CPU (or CUDA when present)."""
 
-    def __init__(self, backend: str = "local", sampler_dtype: str = "float32", max_batch: int = 64, **_ignored):
+    def __init__(self, backend: str = "local", dtype: str = "auto", max_batch: int = 64,
+                 sampler_dtype: str | None = None, **_ignored):
+        """`dtype`: what sampling and training compute in, "auto" (bfloat16 where the hardware has bf16 units,
+        float32 elsewhere: strop.engine.precision), "float32" or "bfloat16"; `sampler_dtype` overrides it for
+        the sampler alone. LoRA weights, logprobs and losses are float32 either way."""
         if backend != "local":
             raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
-        if sampler_dtype not in DTYPES:
-            raise StropError(f"sampler_dtype must be one of {sorted(DTYPES)}, got {sampler_dtype!r}")
-        self.backend = LocalBackend(sampler_dtype=sampler_dtype, max_batch=max_batch)
+        check_dtype(dtype)
+        if sampler_dtype is not None:
+            check_dtype(sampler_dtype, what="sampler_dtype")
+        self.backend = LocalBackend(dtype=dtype, max_batch=max_batch, sampler_dtype=sampler_dtype)
+
+    @property
+    def dtype(self) -> str:
+        """"float32" or "bfloat16": what this client's trainers and samplers compute in."""
+        return self.backend.dtype
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     alpha: float | None = None, target_modules: list[str] | None = None,
-                                    compute_dtype: str = "float32", **_tinker_only) -> TrainingClient:
+                                    dtype: str | None = None, **_tinker_only) -> TrainingClient:
         trainer = LoraTrainer(self.backend.model_dir(base_model), rank=rank, alpha=alpha,
-                              target_modules=target_modules, seed=seed or 0, compute_dtype=DTYPES[compute_dtype])
+                              target_modules=target_modules, seed=seed or 0,
+                              compute_dtype=torch_dtype(dtype or self.backend.dtype))
         return TrainingClient(self.backend, base_model, trainer)
 
     def create_training_client_from_adapter(self, base_model: str, adapter: str | Path, seed: int | None = None,
-                                            compute_dtype: str = "float32") -> TrainingClient:
+                                            dtype: str | None = None) -> TrainingClient:
         """A LoRA training client that starts from a saved adapter's weights, with its rank, alpha and target
         modules (a strop extension: GRPO continuing from a supervised warm start). The optimizer starts fresh."""
         config_file = Path(adapter) / "adapter_config.json"
@@ -242,7 +258,7 @@ class ServiceClient:
                              "folder TrainingClient.save_weights wrote, such as a run's final/") from None
         client = self.create_lora_training_client(base_model=base_model, rank=rank, alpha=alpha, seed=seed,
                                                   target_modules=sorted(targets) if targets else None,
-                                                  compute_dtype=compute_dtype)
+                                                  dtype=dtype)
         client.trainer.load_state(adapter, with_optimizer=False)
         return client
 

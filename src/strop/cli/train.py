@@ -72,6 +72,14 @@ def register(nouns) -> None:
     p.add_argument("--eval-fraction", type=float, default=0.1,
                    help="sft: share of the examples held out for the held-out loss (default: %(default)s)")
     p.add_argument("--eval-every", type=int, help="sft: held-out loss every N steps (default: first and last only)")
+    p.add_argument("--rollout-correction", choices=("off", "tis"),
+                   help="tis: weigh each sampled token's advantage by min(p_train / p_sampler, --rollout-correction-cap), "
+                        "correcting for the sampler's and the trainer's numbers differing (default: off)")
+    p.add_argument("--rollout-correction-cap", type=float, help="the largest weight tis gives a token (default: 2)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="what sampling and training compute in: auto (default) takes bfloat16 where the hardware has "
+                        "bf16 units (a CPU with AVX-512 BF16 or AMX, a CUDA GPU) and float32 elsewhere; LoRA weights, "
+                        "logprobs and losses stay float32. STROP_DTYPE sets the default for `auto`")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_output_flags(p)
     p.set_defaults(handler=run)
@@ -86,7 +94,9 @@ FLAG_FIELDS = {"--base-model": "base_model", "--dataset": "dataset", "--limit": 
                "--temperature": "temperature", "--kl-beta": "kl_beta", "--loss": "loss_fn",
                "--scale-by-std": "scale_by_std", "--system-prompt": "system_prompt",
                "--question-suffix": "question_suffix", "--save-every": "save_every",
-               "--keep-adapters": "keep_adapters", "--seed": "seed", "--init-adapter": "init_adapter"}
+               "--keep-adapters": "keep_adapters", "--seed": "seed", "--init-adapter": "init_adapter",
+               "--dtype": "dtype", "--rollout-correction": "rollout_correction",
+               "--rollout-correction-cap": "rollout_correction_cap"}
 
 
 def config_values(args, rewards: list[dict]) -> dict:
@@ -125,7 +135,8 @@ def parse_reward(spec: str) -> dict:
 
 # flags only GRPO reads: refused with --method sft when set to anything but their default
 GRPO_ONLY = ("--limit", "--reward", "--group-size", "--max-tokens", "--temperature", "--kl-beta", "--loss",
-             "--scale-by-std", "--system-prompt", "--question-suffix")
+             "--scale-by-std", "--system-prompt", "--question-suffix", "--rollout-correction",
+             "--rollout-correction-cap")
 
 
 def run(args) -> int:
@@ -171,6 +182,7 @@ def run_sft_command(args) -> int:
                            epochs=args.epochs, max_steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
                            lora_rank=args.rank, max_seq_length=args.max_seq_length, eval_every=args.eval_every,
                            save_every=args.save_every, keep_adapters=args.keep_adapters, seed=args.seed,
+                           dtype=args.dtype,
                            init_adapter=str(Path(args.init_adapter).resolve()) if args.init_adapter else None)
     except StropError as exc:
         raise StropError(str(exc).replace("invalid supervised config", "invalid flags")) from None

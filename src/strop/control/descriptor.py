@@ -211,6 +211,11 @@ class EnvironmentSpec(_Strict):
     split: Label = _field("train", accepts='the split to train on, e.g. "train"')
 
 
+class RolloutCorrectionSpec(_Strict):
+    mode: Literal["off", "tis"] = _field("off", accepts='"off", or "tis" (truncated importance sampling)')
+    cap: float = _limited("rollout_correction_cap", 2.0)
+
+
 class RunConfig(_Strict):
     dataset: RegistryRef | None = _field(None, accepts='a registry dataset NAME or NAME@VERSION such as "gsm8k/train" '
                                                       '(or give config.environment instead)')
@@ -224,12 +229,17 @@ class RunConfig(_Strict):
                                                      "gives its own reward)")
     max_seq_length: int = _limited("max_seq_length")  # and more than maxCompletionLength: cross_field_problems
     eval_every: int | None = _limited("eval_every", None, optional=True)  # null: no evaluation during training
+    rollout_correction: RolloutCorrectionSpec = _field(
+        default_factory=RolloutCorrectionSpec,
+        accepts='{"mode": "off" | "tis", "cap": 2.0}: weigh each token by min(p_train / p_sampler, cap)')
 
 
 class ExecutionSpec(_Strict):
     gpus: int = _limited("gpus")
     save_every: int = _limited("save_every")
     keep_adapters: int = _limited("keep_adapters")
+    dtype: Literal["auto", "float32", "bfloat16"] = _field(
+        "auto", accepts='"auto" (bfloat16 where the hardware has bf16 units, else float32), "float32" or "bfloat16"')
 
 
 class RunDescriptor(_Strict):
@@ -316,7 +326,8 @@ def to_sft_config(descriptor: RunDescriptor, dataset: str, **overrides: Any):
                   learning_rate=hp.optimizer.learning_rate,
                   weight_decay=hp.optimizer.weight_decay, grad_clip_norm=hp.optimizer.grad_clip_norm,
                   lora_rank=hp.lora.rank, lora_alpha=hp.lora.alpha, max_seq_length=config.max_seq_length,
-                  save_every=descriptor.execution.save_every, keep_adapters=descriptor.execution.keep_adapters)
+                  save_every=descriptor.execution.save_every, keep_adapters=descriptor.execution.keep_adapters,
+                  dtype=descriptor.execution.dtype)
     if hp.lora.target_modules is not None:
         raise DescriptorError("run descriptor cannot be run:\n  $.config.*.lora.targetModules: the supervised loop "
                               "adapts every projection; remove it", ["$.config.*.lora.targetModules: remove it"])

@@ -9,8 +9,9 @@ load and merge exactly as before.
 
     install(peft_model)        # every plain LoRA Linear runs through LoraLinear from now on
 
-Anything else (adapters switched off or merged, dropout, DoRA and other variants, several active adapters,
-autocast) goes through PEFT's own forward, unchanged.
+A bf16 base with fp32 LoRA weights (strop.engine.precision) multiplies in bf16, the LoRA weights cast for the
+product, and hands fp32 gradients back to them. Anything else (adapters switched off or merged, dropout, DoRA
+and other variants, several active adapters, autocast) goes through PEFT's own forward, unchanged.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ import torch
 class LoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_N_I, weight_O_I, bias_O, a_R_I, b_O_R, scaling: float):
+        # bf16 compute with fp32 LoRA weights: the products in the input's dtype, the gradients back in fp32
+        ctx.adapter_dtype = a_R_I.dtype
+        a_R_I, b_O_R = a_R_I.to(x_N_I.dtype), b_O_R.to(x_N_I.dtype)
         h_N_R = x_N_I @ a_R_I.t()
         y_N_O = x_N_I @ weight_O_I.t()
         if bias_O is not None:
@@ -42,9 +46,9 @@ class LoraLinear(torch.autograd.Function):
             grad_x = grad_N_O @ weight_O_I
             grad_x.addmm_(grad_h_N_R, a_R_I, alpha=s)
         if ctx.needs_input_grad[3]:
-            grad_a = (grad_h_N_R.t() @ x_N_I).mul_(s)
+            grad_a = (grad_h_N_R.t() @ x_N_I).to(ctx.adapter_dtype).mul_(s)
         if ctx.needs_input_grad[4]:
-            grad_b = (grad_N_O.t() @ h_N_R).mul_(s)
+            grad_b = (grad_N_O.t() @ h_N_R).to(ctx.adapter_dtype).mul_(s)
         grad_weight = grad_N_O.t() @ x_N_I if ctx.needs_input_grad[1] else None
         grad_bias = grad_N_O.sum(0) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias, grad_a, grad_b, None
@@ -55,7 +59,7 @@ def _forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     plain = (not args and not kwargs and adapter is not None and not self.disable_adapters and not self.merged
              and adapter in self.lora_A and adapter not in getattr(self, "lora_variant", {})
              and isinstance(self.lora_dropout[adapter], torch.nn.Identity)
-             and not torch.is_autocast_enabled("cpu") and x.dtype == self.lora_A[adapter].weight.dtype)
+             and not torch.is_autocast_enabled("cpu") and x.dtype == self.base_layer.weight.dtype)
     if not plain:
         return type(self).forward(self, x, *args, **kwargs)
     base = self.base_layer

@@ -18,6 +18,7 @@ read `LOSSES` without loading torch. Advantages are the algorithm's, in `strop.r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -40,12 +41,18 @@ LOSSES: dict[str, Loss] = {
 POLICY_LOSSES = tuple(name for name, loss in LOSSES.items() if loss.policy)
 
 
-def sequence_loss(name: str, lp_T, inputs: dict, clip_low: float = 0.8, clip_high: float = 1.2):
+def sequence_loss(name: str, lp_T, inputs: dict, clip_low: float = 0.8, clip_high: float = 1.2,
+                  tis_cap: float | None = None):
     """(the loss `name` over one sequence, the positions a clip cut off or None); `inputs` holds the datum's
-    loss_fn_inputs other than target_tokens, as tensors."""
+    loss_fn_inputs other than target_tokens, as tensors. With `tis_cap`, truncated importance sampling
+    (`tis_weights`): the sampler's logprobs give each token's weight and the loss's own ratio is taken against
+    the trainer's."""
     if name == "cross_entropy":
         return cross_entropy_loss(lp_T, inputs["weights"]), None
     old_T, adv_T = inputs["logprobs"], inputs["advantages"]
+    if tis_cap is not None:
+        adv_T = adv_T * tis_weights(lp_T, old_T, tis_cap)
+        old_T = lp_T.detach()
     if name == "importance_sampling":
         return importance_sampling_loss(lp_T, old_T, adv_T), None
     if name == "ppo":
@@ -85,6 +92,31 @@ def cispo_loss(lp_T, old_T, adv_T, clip_low: float = 0.8, clip_high: float = 1.2
     -sum(sg(clip(r, low, high)) * A * log p). Every token keeps a gradient, unlike PPO."""
     weight_T = (lp_T - old_T).exp().clamp(clip_low, clip_high).detach()
     return -(weight_T * adv_T * lp_T).sum()
+
+
+def tis_weights(lp_T, old_T, cap: float):
+    """Truncated importance sampling (rollout correction): min(p_train / p_sampler, cap) per token, no gradient.
+
+    The sampler and the trainer compute the same tokens' probabilities with different kernels (bf16 rounding, a
+    vLLM engine), so the rollouts come from a slightly different policy than the one trained. Multiplying each
+    token's advantage by this weight corrects for it, and the cap bounds the variance a rare token's large ratio
+    would add. With it, the policy loss's own ratio is taken against the trainer's logprobs of the same weights
+    (1 in value): its gradient is then sum(weight * A * grad log p)."""
+    return (lp_T.detach() - old_T).exp().clamp(max=cap)
+
+
+RATIO_BAND = (0.5, 2.0)  # a token whose p_train / p_sampler leaves this band is counted as mismatched
+
+
+def ratio_stats(lp_T, old_T) -> tuple[float, float]:
+    """(the largest |log p_sampler - log p_train|, the number of tokens whose ratio p_train / p_sampler is outside
+    RATIO_BAND) over the given tokens: the tail that the mean (`kl_sample_train`) hides."""
+    if lp_T.numel() == 0:
+        return 0.0, 0.0
+    diff_T = (lp_T.detach() - old_T).float()
+    low, high = RATIO_BAND
+    outside = ((diff_T < math.log(low)) | (diff_T > math.log(high))).sum()
+    return float(diff_T.abs().max()), float(outside)
 
 
 def kl_sample_train(old_T, lp_T):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import warnings
 from collections import Counter
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from strop.engine import lora_linear
-from strop.engine.losses import LOSSES, sequence_loss
+from strop.engine.losses import LOSSES, ratio_stats, sequence_loss
 from strop.engine.malloc import keep_freed_memory
 from strop.engine.resources import HEAD_CHUNK, HEAD_KEEP_BYTES, MAX_TOKENS_PER_MICRO_BATCH
 from strop.engine.sampler import AdapterWeights, cache_keyword
@@ -211,7 +210,10 @@ class LoraTrainer:
             raise StropError(f"LoRA rank must be a positive integer, got {rank}")
         self.model_dir = str(model_dir)
         hf_logging.disable_progress_bar()
-        base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        # bf16 compute: the frozen base in bf16; PEFT keeps the LoRA weights fp32 (autocast_adapter_dtype), and
+        # lora_linear casts them for each product (strop.engine.precision)
+        self.compute_dtype = compute_dtype or torch.float32
+        base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.compute_dtype)
         base.config.use_cache = False
         present = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
         targets = target_modules or [t for t in DEFAULT_TARGETS if t in present]
@@ -228,7 +230,6 @@ class LoraTrainer:
             self.model = get_peft_model(base, self.config)
         lora_linear.install(self.model)
         self.model.train()
-        self.compute_dtype = compute_dtype
         self.max_tokens_per_batch = max_tokens_per_batch
         self.optimizer: torch.optim.AdamW | None = None
         self.steps = 0
@@ -245,10 +246,11 @@ class LoraTrainer:
     def _run(self, datums, loss_fn, config, backward) -> ForwardBackwardOutput:
         self._check(datums, loss_fn)
         outputs: list[dict[str, TensorData] | None] = [None] * len(datums)
-        totals = {"loss:sum": 0.0, "tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0}
+        totals = {"loss:sum": 0.0, "tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0,
+                  "kl_sample_train:max": 0.0, "ratio_outside:sum": 0.0}
         for batch in self._micro_batches(datums):
             grad = torch.enable_grad() if backward else torch.no_grad()
-            with grad, self._autocast():
+            with grad:
                 loss, per_datum, stats = self._batch_loss([datums[i] for i in batch], loss_fn, config)
             if backward and loss.requires_grad:  # a micro-batch with nothing to train (all weights 0) has no graph
                 loss.backward()
@@ -256,7 +258,7 @@ class LoraTrainer:
                 outputs[i] = out
             totals["loss:sum"] += float(loss.detach())
             for key, value in stats.items():
-                totals[key] += value
+                totals[key] = max(totals[key], value) if key.endswith(":max") else totals[key] + value
         return ForwardBackwardOutput(loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics=totals)
 
     def _check(self, datums: list[Datum], loss_fn: str) -> None:
@@ -287,11 +289,6 @@ class LoraTrainer:
             batches.append(current)
         return batches
 
-    def _autocast(self):
-        if self.compute_dtype in (None, torch.float32):
-            return nullcontext()
-        return torch.autocast("cpu", dtype=self.compute_dtype)
-
     def _batch_loss(self, datums: list[Datum], loss_fn: str, config: dict):
         width = max(d.model_input.length for d in datums)
         B = len(datums)
@@ -311,16 +308,21 @@ class LoraTrainer:
         lp_B_T, entropy_B_T = self._target_logprobs(input_ids, mask, targets, active)
 
         total = torch.zeros(())
-        outputs, stats = [], {"tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0}
+        outputs, stats = [], {"tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0,
+                              "kl_sample_train:max": 0.0, "ratio_outside:sum": 0.0}
         low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
+        tis_cap = config.get("tis_cap")
         for b, d in enumerate(datums):
             n = d.model_input.length
             lp_T, active_T, row = lp_B_T[b, :n], active[b, :n], inputs[b]
-            loss, clipped_T = sequence_loss(loss_fn, lp_T, row, low, high)
+            loss, clipped_T = sequence_loss(loss_fn, lp_T, row, low, high, tis_cap)
             if clipped_T is not None:
                 stats["clipped:sum"] += float(clipped_T[active_T].sum())
             if LOSSES[loss_fn].policy:
                 stats["kl_sample_train:sum"] += float((row["logprobs"] - lp_T.detach())[active_T].sum())
+                largest, outside = ratio_stats(lp_T[active_T], row["logprobs"][active_T])
+                stats["kl_sample_train:max"] = max(stats["kl_sample_train:max"], largest)
+                stats["ratio_outside:sum"] += outside
             total = total + loss
             stats["tokens:sum"] += float(active_T.sum())
             stats["entropy:sum"] += float(entropy_B_T[b, :n][active_T].sum())

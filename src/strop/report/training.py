@@ -22,7 +22,7 @@ from strop.report.figures import new_figure, save_png
 PANELS = {
     "reward": ["reward"],
     "zero-variance groups": ["zeroVarianceGroups"],
-    "KL divergence": ["klSampleTrain", "klBase"],
+    "KL divergence": ["klSampleTrain", "klSampleTrainMax", "klBase"],
     "entropy": ["entropy"],
     "completion length (tokens)": ["completionLength"],
 }

@@ -14,6 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 import math
 from pathlib import Path
 
+from strop.engine.precision import CHOICES as DTYPE_CHOICES
 from strop.errors import StropError
 from strop.engine.losses import POLICY_LOSSES
 from strop.rl.limits import LIMITS
@@ -73,6 +74,12 @@ class GRPOConfig:
     scale_by_std: bool = _help("divide group-centred advantages by the group's reward std", False)
     loss_fn: str = _help(f"policy loss: one of {', '.join(LOSS_FNS)}", "importance_sampling")
     loss_fn_config: dict = _help("loss options, e.g. {'clip_low_threshold': 0.8, 'clip_high_threshold': 1.2}", factory=dict)
+    rollout_correction: str = _help("off, or tis: truncated importance sampling, each token's advantage times "
+                                    "min(p_train / p_sampler, rollout_correction_cap), for the mismatch between "
+                                    "the sampler's and the trainer's numbers (bf16, another engine)", "off",
+                                    descriptor="config.rolloutCorrection.mode")
+    rollout_correction_cap: float = _help("the largest importance weight tis gives a token", 2.0,
+                                          descriptor="config.rolloutCorrection.cap")
     system_prompt: str | None = _help("system message before each question (None: none)", None)
     question_suffix: str = _help("text appended to each question", "")
     renderer: str | None = _help("renderer name (None: the model's recommended one)", None)
@@ -93,10 +100,10 @@ class GRPOConfig:
                             descriptor="execution.saveEvery")
     keep_adapters: int = _help("checkpoints to keep", 4, descriptor="execution.keepAdapters")
     seed: int = _help("seed for data order, LoRA init and sampling", 0)
-    sampler_dtype: str = _help("dtype of the sampling engine: float32 or bfloat16 (on CPU, bfloat16 measured 3x "
-                                                "slower than float32 with torch 2.13; it is for GPUs)", "float32")
-    compute_dtype: str = _help("autocast dtype of the training forward/backward: float32 or bfloat16 "
-                                                 "(on CPU, bfloat16 autocast measured 40x slower; it is for GPUs)", "float32")
+    dtype: str = _help("what the sampler and the trainer compute in: auto (bfloat16 where the hardware has bf16 "
+                       "units: a CPU with AVX-512 BF16 or AMX, or a CUDA GPU; float32 elsewhere), float32 or bfloat16; "
+                       "LoRA weights and every logprob and loss stay float32 (strop.engine.precision)", "auto",
+                       descriptor="execution.dtype")
 
     def __post_init__(self):
         problems = self.validate()
@@ -139,9 +146,13 @@ class GRPOConfig:
                     p.append((name, problem))
         if self.loss_fn not in LOSS_FNS:
             p.append(("loss_fn", f"must be one of {', '.join(LOSS_FNS)}, got {self.loss_fn!r}"))
-        for name in ("sampler_dtype", "compute_dtype"):
-            if getattr(self, name) not in ("float32", "bfloat16"):
-                p.append((name, f"must be float32 or bfloat16, got {getattr(self, name)!r}"))
+        if self.rollout_correction not in ("off", "tis"):
+            p.append(("rollout_correction", f"must be off or tis, got {self.rollout_correction!r}"))
+        if self.rollout_correction == "tis" and self.loss_fn not in POLICY_LOSSES:
+            p.append(("rollout_correction", f"tis corrects a policy loss ({', '.join(POLICY_LOSSES)}), not "
+                                            f"{self.loss_fn!r}"))
+        if self.dtype not in DTYPE_CHOICES:
+            p.append(("dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}"))
         if _is_int(self.max_seq_length) and _is_int(self.max_completion_length) \
                 and self.max_seq_length <= self.max_completion_length:
             p.append(("max_seq_length", f"must exceed max_completion_length ({self.max_completion_length}) to "

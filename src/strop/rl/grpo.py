@@ -14,6 +14,7 @@ final/ (the tuned adapter). Calling run_grpo again on the same folder resumes fr
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
@@ -148,7 +149,7 @@ def _run_grpo(config: GRPOConfig, run_dir: Path, sandbox, *, service, progress, 
 
 def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, service, progress, announce,
            on_eval) -> RunResult:
-    service = service or ServiceClient(sampler_dtype=config.sampler_dtype)
+    service = service or ServiceClient(dtype=config.dtype)
     training = training_client(service, config)
     renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
                             training.get_tokenizer())
@@ -165,6 +166,7 @@ def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, ser
 
     start_step = checkpoints.resume(training, run_dir)
     config.save(run_dir / "config.json")
+    (run_dir / "engine.json").write_text(json.dumps(training.engine_facts(), indent=2))
     if announce:
         print(f"run folder: {run_dir}" + (f" (resuming at step {start_step})" if start_step else ""), file=sys.stderr)
     batches = StepBatches(len(items), config)

@@ -98,6 +98,8 @@ LIMITS: dict[str, Limit] = {
     "weight_decay": Limit(0, 1, False, "AdamW shrinks each weight by learningRate x weightDecay a step; usual "
                                        "values are 0 to 0.1"),
     "grad_clip_norm": Limit(0, 1_000_000, False, "a norm that large clips nothing; use 0 for no clipping"),
+    "rollout_correction_cap": Limit(1, 100, False, "a weight past 100 lets one token the sampler thought unlikely "
+                                                   "outweigh a hundred others: the variance tis is there to bound"),
     "kl_beta": Limit(0, 100, False, "past 100 the KL penalty drowns the reward, so nothing is learned"),
     "temperature": Limit(0, 10, False, "past 10 sampling is close to uniform over the vocabulary: noise, not the "
                                        "policy", least_open=True),

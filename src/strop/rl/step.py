@@ -50,11 +50,19 @@ def training_client(service, config):
     """The run's training client: a fresh LoRA adapter, or the one in `config.init_adapter` to continue from."""
     if getattr(config, "init_adapter", None):
         return service.create_training_client_from_adapter(config.base_model, config.init_adapter, seed=config.seed,
-                                                           compute_dtype=getattr(config, "compute_dtype", "float32"))
+                                                           dtype=config.dtype)
     return service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
                                                alpha=config.lora_alpha, seed=config.seed,
                                                target_modules=getattr(config, "lora_target_modules", None),
-                                               compute_dtype=getattr(config, "compute_dtype", "float32"))
+                                               dtype=config.dtype)
+
+
+def loss_config(config: GRPOConfig) -> dict:
+    """The loss options of forward_backward: the config's own, and the truncated importance sampling cap when
+    rollout correction is on."""
+    if config.rollout_correction == "tis":
+        return {**config.loss_fn_config, "tis_cap": float(config.rollout_correction_cap)}
+    return dict(config.loss_fn_config)
 
 
 def step_seed(config: GRPOConfig, step: int) -> int:
@@ -92,7 +100,7 @@ def train_step(ctx: StepContext, step: int, items: list, epoch: int = 0) -> Step
     fb, optim = {}, {}
     if datums:
         fb = ctx.training.forward_backward(datums, loss_fn=config.loss_fn,
-                                           loss_fn_config=config.loss_fn_config).result().metrics
+                                           loss_fn_config=loss_config(config)).result().metrics
         optim = ctx.training.optim_step(ctx.adam).result().metrics
     train_seconds = time.perf_counter() - t1
 
@@ -109,6 +117,8 @@ def train_step(ctx: StepContext, step: int, items: list, epoch: int = 0) -> Step
         stepSeconds=time.perf_counter() - t0, sampleSeconds=sample_seconds, trainSeconds=train_seconds,
         datums=len(datums),
         klSampleTrain=fb["kl_sample_train:sum"] / trained if trained else 0.0,
+        klSampleTrainMax=fb.get("kl_sample_train:max") if trained else None,
+        samplerRatioOutside=fb.get("ratio_outside:sum", 0.0) / trained if trained else None,
         entropy=fb["entropy:sum"] / trained if trained else None,
         loss=fb.get("loss:sum", 0.0), gradNorm=optim.get("grad_norm", 0.0), learningRate=config.learning_rate,
         ppoClippedFraction=fb["clipped:sum"] / trained if config.loss_fn == "ppo" and trained else None,

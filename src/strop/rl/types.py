@@ -94,6 +94,8 @@ class StepMetrics:
     terms: dict = field(default_factory=dict)
     ppoClippedFraction: float | None = None
     klBase: float | None = None
+    klSampleTrainMax: float | None = None      # the largest |log p_sampler - log p_train| of a trained token
+    samplerRatioOutside: float | None = None   # share of trained tokens whose p_train / p_sampler is outside [0.5, 2]
     toolCallParseErrors: float | None = None   # environment episodes only
     modelTurns: float | None = None            # environment episodes only
     rubrics: dict = field(default_factory=dict)

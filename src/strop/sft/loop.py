@@ -31,6 +31,7 @@ from strop.errors import StropError
 from strop.renderers import get_renderer
 from strop.rl import checkpoints
 from strop.rl.limits import LIMITS
+from strop.rl.config import DTYPE_CHOICES
 from strop.rl.metrics import RunLog, read_jsonl
 from strop.rl.step import adam_params, training_client
 from strop.sft.data import Example, load_examples
@@ -56,6 +57,7 @@ class SFTConfig:
     seed: int = 0
     renderer: str | None = None
     init_adapter: str | None = None        # continue from this adapter folder (its rank, alpha, targets)
+    dtype: str = "auto"                    # auto | float32 | bfloat16 (strop.engine.precision)
 
     def __post_init__(self):
         problems = self.problems()
@@ -69,6 +71,8 @@ class SFTConfig:
                 problem = LIMITS[f.name].problem(getattr(self, f.name))
                 if problem:
                     found.append(f"{f.name}: {problem}")
+        if self.dtype not in DTYPE_CHOICES:
+            found.append(f"dtype: must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if not isinstance(self.dataset, str) or not self.dataset:
             found.append("dataset: give a .jsonl file of chat transcripts or prompt/completion pairs")
         if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
@@ -119,7 +123,7 @@ def held_out_loss(training, examples: list[Example], batch_size: int) -> float |
 def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | None = None,
             progress: bool = True) -> SFTResult:
     run_dir = Path(run_dir)
-    service = service or ServiceClient()
+    service = service or ServiceClient(dtype=config.dtype)
     training = training_client(service, config)
     renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
                             training.get_tokenizer())
@@ -139,6 +143,7 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
     adam = adam_params(config)
     start = checkpoints.resume(training, run_dir)
     (run_dir / "config.json").write_text(json.dumps({"method": "sft", **config.to_dict()}, indent=2))
+    (run_dir / "engine.json").write_text(json.dumps(training.engine_facts(), indent=2))
     log = RunLog(run_dir, start_step=start)
     bar = tqdm(total=steps, initial=start, desc="SFT", unit="step", file=sys.stderr, dynamic_ncols=True) \
         if progress else None

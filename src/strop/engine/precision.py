@@ -1,0 +1,85 @@
+"""Which floating-point type the sampler and the trainer compute in, chosen per machine.
+
+    resolve_dtype("auto")      # "bfloat16" where the hardware multiplies bf16 natively, else "float32"
+    kernels()                  # "AVX512; bf16: avx512_bf16, amx_bf16" (benchmarks print it)
+
+bf16 pays only where the hardware has bf16 units: measured on one of this project's CPU machines (AMD EPYC with
+AVX-512 BF16 and AMX, torch 2.13), a 2048^2 matmul ran at 266 GFLOP/s in fp32 and 808 in bf16; on AVX2-only
+machines bf16 matmul runs at 0-27 GFLOP/s, 5-100x slower than fp32. So `auto` takes bf16 on a CUDA device that
+supports it and on a CPU whose flags name avx512_bf16 or amx_bf16, fp32 everywhere else. Either can be forced
+(`--dtype float32|bfloat16`, `execution.dtype`, `STROP_DTYPE`): fp32 to reproduce an earlier run bit for bit,
+bf16 to test the path on a machine where it is slow.
+
+In bf16 the base model's weights and activations are bf16; the LoRA weights the optimizer updates stay fp32
+(the trainer casts them to bf16 for each product and returns fp32 gradients), and the vocabulary's log-softmax,
+every logprob, loss and KL are computed in fp32 from the bf16 logits.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from pathlib import Path
+
+from strop.errors import StropError
+
+NAMES = ("float32", "bfloat16")
+CHOICES = ("auto", *NAMES)
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def cpu_has_bf16() -> bool:
+    return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
+
+
+def check_dtype(name: str, what: str = "dtype") -> str:
+    if name not in CHOICES:
+        raise StropError(f"{what} must be one of {', '.join(CHOICES)}, got {name!r}")
+    return name
+
+
+def resolve_dtype(name: str | None = "auto", device: str = "cpu") -> str:
+    """"float32" or "bfloat16" for `name` ("auto" | "float32" | "bfloat16"; None or "auto" reads STROP_DTYPE,
+    then decides by the hardware)."""
+    name = check_dtype(name or "auto")
+    if name == "auto":
+        name = check_dtype(os.environ.get("STROP_DTYPE") or "auto", what="STROP_DTYPE")
+    if name != "auto":
+        return name
+    if device.startswith("cuda"):
+        import torch  # lazy: checking a config's dtype needs no torch
+        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if cpu_has_bf16() else "float32"
+
+
+def torch_dtype(name: str | None = "auto", device: str = "cpu"):
+    import torch  # lazy: checking a config's dtype needs no torch
+    return getattr(torch, resolve_dtype(name, device))
+
+
+def kernels() -> str:
+    """The CPU's vector kernels as torch dispatches them, and its bf16 units: a benchmark's figures depend on both."""
+    import torch  # lazy: checking a config's dtype needs no torch
+    bf16 = [flag for flag in BF16_CPU_FLAGS if flag in cpu_flags()]
+    return f"{torch.backends.cpu.get_cpu_capability()}; bf16 units: {', '.join(bf16) or 'none'}"
+
+
+def engine_facts(trainer_dtype, sampler_dtype) -> dict:
+    """What a run computed in and on, for its folder (`engine.json`): a figure means little without them."""
+    return {"trainerDtype": str(trainer_dtype).removeprefix("torch."),
+            "samplerDtype": str(sampler_dtype).removeprefix("torch."),
+            "kernels": kernels(), "processor": platform.processor() or platform.machine()}
