@@ -63,15 +63,18 @@ def main() -> int:
     cli.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                      help="what sampling and training compute in (default: %(default)s, bfloat16 where the CPU has "
                           "bf16 units)")
+    cli.add_argument("--sampler-dtype", choices=("float32", "bfloat16"),
+                     help="the sampler's dtype when it should differ from --dtype's")
     cli.add_argument("--out", type=Path, default=Path("benchmarks/out/learning_arithmetic"))
     args = cli.parse_args()
 
     from strop.engine.precision import kernels, resolve_dtype
     dtype = resolve_dtype(args.dtype)
-    print(f"{args.model}, {dtype}; CPU kernels {kernels()}", flush=True)
+    sampler_dtype = args.sampler_dtype or dtype
+    print(f"{args.model}, trainer {dtype}, sampler {sampler_dtype}; CPU kernels {kernels()}", flush=True)
     t_start = time.perf_counter()
     eval_rows = held_out(args.level, args.eval_n)
-    service = strop.ServiceClient(dtype=dtype)
+    service = strop.ServiceClient(dtype=dtype, sampler_dtype=sampler_dtype)
     renderer = renderers.get_renderer(model_info.get_recommended_renderer_name(args.model),
                                       strop.tokenizer_utils.get_tokenizer(args.model))
 
@@ -107,7 +110,7 @@ def main() -> int:
     print(f"after:  {sum(after)}/{len(after)} = {acc_after:.1%} ({eval_after_s:.0f} s)")
     print(f"discordant pairs: {b} right->wrong, {c} wrong->right; exact McNemar p = {p:.3g}")
     print(f"training {train_s:.0f} s for {args.steps} steps ({train_s / args.steps:.1f} s/step); total {total_s:.0f} s")
-    summary = {"model": args.model, "dtype": dtype, "kernels": kernels(), "level": args.level, "steps": args.steps, "eval_n": len(eval_rows),
+    summary = {"model": args.model, "dtype": dtype, "sampler_dtype": sampler_dtype, "kernels": kernels(), "level": args.level, "steps": args.steps, "eval_n": len(eval_rows),
                "acc_before": acc_before, "acc_after": acc_after, "mcnemar_b": b, "mcnemar_c": c, "p": p,
                "train_seconds": train_s, "total_seconds": total_s}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))

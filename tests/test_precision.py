@@ -36,6 +36,15 @@ def test_auto_follows_the_hardware_and_can_be_forced(monkeypatch):
     with pytest.raises(StropError, match="dtype must be one of"):
         precision.resolve_dtype("half")
     assert "bf16 units:" in precision.kernels()
+    # the sampler: float32 on a CPU under auto, whatever was chosen when chosen
+    monkeypatch.delenv("STROP_DTYPE")
+    assert precision.sampler_dtype_for("auto") == "float32"
+    assert precision.sampler_dtype_for("bfloat16") == "bfloat16"
+    monkeypatch.setenv("STROP_DTYPE", "bfloat16")
+    assert precision.sampler_dtype_for("auto") == "bfloat16" == precision.resolve_dtype("auto")
+    monkeypatch.delenv("STROP_DTYPE")
+    service = ServiceClient()
+    assert service.backend.sampler_dtype == torch.float32 and service.dtype == expected
 
 
 def test_configs_and_descriptors_refuse_an_unknown_dtype():
@@ -125,3 +134,50 @@ def test_strop_train_dtype_flag_is_recorded_with_the_run(tiny_model_dir, tmp_pat
         main(["train", "--dtype", "half"])
     err = capsys.readouterr().err
     assert "--dtype" in err and "bfloat16" in err
+
+
+def small_adapter(tiny_model_dir, scale: float):
+    """An adapter on every projection whose delta is `scale` times the size of a random rank-4 product."""
+    trainer = LoraTrainer(tiny_model_dir, rank=4, seed=3, compute_dtype=torch.float32)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in trainer.trainable_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return trainer.adapter_weights()
+
+
+def test_bf16_sampling_adds_the_adapter_beside_untouched_weights(tiny_model_dir):
+    # merged into bf16 weights, a small delta rounds away (W0 is on the bf16 grid); beside them it is kept
+    adapter = small_adapter(tiny_model_dir, scale=0.01)
+    name = "model.layers.0.mlp.gate_proj"
+    engine = SamplerEngine(tiny_model_dir, dtype=torch.bfloat16, prefix_cache_bytes=0)
+    layer = engine._modules[name]
+    before = layer.weight.detach().clone()
+    engine.activate(adapter)
+    assert torch.equal(layer.weight, before)  # the weights are not touched
+    x = torch.randn(64, layer.weight.shape[1], generator=torch.Generator().manual_seed(5)).bfloat16()
+    exact = x.float() @ layer.weight.float().t()
+    expected = x.float() @ adapter.delta(name).t()
+    kept = layer(x).float() - exact
+    assert torch.nn.functional.cosine_similarity(kept.flatten(), expected.flatten(), dim=0) > 0.9
+    engine.activate(None)
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight))
+
+
+def test_bf16_decode_with_an_adapter_matches_hf_forward_and_switches_off(tiny_model_dir):
+    adapter = small_adapter(tiny_model_dir, scale=0.3)
+    prompt = list(range(5, 40))
+    params = types.SamplingParams(max_tokens=12, temperature=0, stop=[])
+    runs = {}
+    for fast in (True, False):
+        engine = SamplerEngine(tiny_model_dir, dtype=torch.bfloat16, fast_decode=fast, prefix_cache_bytes=0)
+        [base_before] = engine.generate([SampleRequest(prompt, 1, params)])
+        engine.activate(adapter)
+        [tuned] = engine.generate([SampleRequest(prompt, 1, params)])
+        engine.activate(None)
+        [base_after] = engine.generate([SampleRequest(prompt, 1, params)])
+        assert base_after.sequences[0].tokens == base_before.sequences[0].tokens
+        assert tuned.sequences[0].tokens != base_before.sequences[0].tokens
+        runs[fast] = tuned.sequences[0]
+    assert runs[True].tokens == runs[False].tokens
+    assert max(abs(a - b) for a, b in zip(runs[True].logprobs, runs[False].logprobs)) < 0.05

@@ -35,7 +35,9 @@ def test_grpo_steps_on_smollm2(smollm2_home, tmp_path):
     assert abs(rows[0]["klSampleTrain"]) < 1e-2  # sampler and trainer agree on the same weights
     engine = json.loads((tmp_path / "run" / "engine.json").read_text())
     from strop.engine.precision import cpu_has_bf16
-    assert engine["trainerDtype"] == engine["samplerDtype"] == ("bfloat16" if cpu_has_bf16() else "float32")
+    # auto: bf16 training where the CPU has bf16 units, float32 sampling on a CPU (strop.engine.precision)
+    assert engine["trainerDtype"] == ("bfloat16" if cpu_has_bf16() else "float32")
+    assert engine["samplerDtype"] == "float32"
 
     # the tuned adapter is a PEFT adapter on the real model, and strop samples from it
     import strop

@@ -25,7 +25,7 @@ import torch
 from strop.engine.resources import plan_grpo_memory
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.trainer import LoraTrainer, load_adapter_weights
-from strop.engine.precision import check_dtype, engine_facts, resolve_dtype, torch_dtype
+from strop.engine.precision import check_dtype, engine_facts, resolve_dtype, sampler_dtype_for, torch_dtype
 from strop.errors import StropError
 from strop.files import check_regular
 from strop.models import CATALOG, load_tokenizer, resolve_model
@@ -100,7 +100,7 @@ class LocalBackend:
 
     def __init__(self, dtype: str = "auto", max_batch: int = 64, sampler_dtype: str | None = None):
         self.dtype = resolve_dtype(dtype)  # what the trainers compute in, named once for the whole process
-        self.sampler_dtype = torch_dtype(sampler_dtype or self.dtype)
+        self.sampler_dtype = torch_dtype(sampler_dtype or sampler_dtype_for(dtype))
         self.max_batch = max_batch
         self._queues: dict[str, _SampleQueue] = {}
 
@@ -220,9 +220,10 @@ class ServiceClient:
 
     def __init__(self, backend: str = "local", dtype: str = "auto", max_batch: int = 64,
                  sampler_dtype: str | None = None, **_ignored):
-        """`dtype`: what sampling and training compute in, "auto" (bfloat16 where the hardware has bf16 units,
-        float32 elsewhere: strop.engine.precision), "float32" or "bfloat16"; `sampler_dtype` overrides it for
-        the sampler alone. LoRA weights, logprobs and losses are float32 either way."""
+        """`dtype`: what training and sampling compute in: "auto" (training in bfloat16 where the hardware has
+        bf16 units, float32 elsewhere; sampling in float32 on a CPU: strop.engine.precision), "float32" or
+        "bfloat16" (both); `sampler_dtype` overrides it for the sampler alone. LoRA weights, logprobs and losses
+        are float32 either way."""
         if backend != "local":
             raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
         check_dtype(dtype)

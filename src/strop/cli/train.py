@@ -77,9 +77,10 @@ def register(nouns) -> None:
                         "correcting for the sampler's and the trainer's numbers differing (default: off)")
     p.add_argument("--rollout-correction-cap", type=float, help="the largest weight tis gives a token (default: 2)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                   help="what sampling and training compute in: auto (default) takes bfloat16 where the hardware has "
-                        "bf16 units (a CPU with AVX-512 BF16 or AMX, a CUDA GPU) and float32 elsewhere; LoRA weights, "
-                        "logprobs and losses stay float32. STROP_DTYPE sets the default for `auto`")
+                   help="what training and sampling compute in: auto (default) trains in bfloat16 where the hardware "
+                        "has bf16 units (a CPU with AVX-512 BF16 or AMX, a CUDA GPU), float32 elsewhere, and samples in "
+                        "float32 on a CPU; bfloat16 or float32 set both. LoRA weights, logprobs and losses stay "
+                        "float32. STROP_DTYPE sets the default for `auto`")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_output_flags(p)
     p.set_defaults(handler=run)

@@ -24,9 +24,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from strop.engine import unmerged
+
 # architectures whose decoder layers are self_attn.{q,k,v,o}_proj without biases, mlp.{gate,up,down}_proj,
 # input_layernorm and post_attention_layernorm, with a shared rotary embedding: Llama's layout
 SUPPORTED = {"llama", "mistral"}
+# where an unmerged adapter's factors go in a layer
+LORA_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+                "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
 
 
 def _fuse(modules: list[torch.nn.Linear]) -> torch.Tensor:
@@ -78,6 +83,13 @@ class LlamaDecoder:
         hidden = self.model.model(input_ids=input_ids_B_T, attention_mask=mask_B_T, position_ids=positions_B_T,
                                   use_cache=True, **{cache_kw: cache}).last_hidden_state
         return _linear(hidden[:, -1], self.head.weight).float()
+
+    def set_lora(self, factors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """An adapter to add beside the fused weights (`strop.engine.unmerged`), by module name; {} for none."""
+        for i, layer in enumerate(self.layers):
+            prefix = f"model.layers.{i}."
+            layer["lora"] = {short: factors[prefix + path] for short, path in LORA_MODULES.items()
+                             if prefix + path in factors}
 
     def start(self, cache, mask_B_T: torch.Tensor, max_new: int) -> "DecodeState":
         return DecodeState(self, cache, mask_B_T, max_new)
@@ -141,6 +153,11 @@ class DecodeState:
         for i, layer in enumerate(d.layers):
             x = layer["norm1"](h_B_1_H)[:, 0]
             qkv = _linear(x, layer["qkv"])
+            lora = layer.get("lora")
+            if lora:
+                for name, start, width in (("q", 0, q_width), ("k", q_width, kv_width), ("v", q_width + kv_width, kv_width)):
+                    if name in lora:
+                        qkv[:, start:start + width] += unmerged.delta(x, lora[name])
             q = qkv[:, :q_width].view(B, d.heads, 1, d.head_dim)
             k = qkv[:, q_width:q_width + kv_width].view(B, d.kv_heads, 1, d.head_dim)
             v = qkv[:, q_width + kv_width:].view(B, d.kv_heads, 1, d.head_dim)
@@ -159,14 +176,24 @@ class DecodeState:
                 # them to contiguous memory first (3.4x slower at 10 rows x 1,500 positions here)
                 attn = F.scaled_dot_product_attention(q, keys[:, :, :n], values[:, :, :n], attn_mask=low_bias,
                                                       scale=d.scale, enable_gqa=True).reshape(B, q_width)
-            h_B_1_H = h_B_1_H + _linear_t(attn, layer["o"].weight).t()[:, None]
+            out_B_H = _linear_t(attn, layer["o"].weight).t()
+            if lora and "o" in lora:
+                out_B_H = out_B_H + unmerged.delta(attn, lora["o"])
+            h_B_1_H = h_B_1_H + out_B_H[:, None]
             # gate and up stay feature-major ([2 x inter, B]), so the widest output is never transposed; the
             # narrower product is, since MKL multiplies a [inter, B] right operand ~50% slower at 8 rows
             x = layer["norm2"](h_B_1_H)[:, 0]
             gate_up_T = _linear_t(x, layer["gate_up"])
             inter = layer["intermediate"]
+            if lora:
+                for name, rows in (("gate", slice(0, inter)), ("up", slice(inter, 2 * inter))):
+                    if name in lora:
+                        gate_up_T[rows] += unmerged.delta(x, lora[name]).t()
             mlp_B_I = (layer["act"](gate_up_T[:inter]) * gate_up_T[inter:]).t().contiguous()
-            h_B_1_H = h_B_1_H + _linear_t(mlp_B_I, layer["down"].weight).t()[:, None]
+            down_B_H = _linear_t(mlp_B_I, layer["down"].weight).t()
+            if lora and "down" in lora:
+                down_B_H = down_B_H + unmerged.delta(mlp_B_I, lora["down"])
+            h_B_1_H = h_B_1_H + down_B_H[:, None]
         self.length = n
         return _linear(d.norm(h_B_1_H)[:, 0], d.head.weight).float()
 

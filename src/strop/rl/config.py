@@ -100,9 +100,10 @@ class GRPOConfig:
                             descriptor="execution.saveEvery")
     keep_adapters: int = _help("checkpoints to keep", 4, descriptor="execution.keepAdapters")
     seed: int = _help("seed for data order, LoRA init and sampling", 0)
-    dtype: str = _help("what the sampler and the trainer compute in: auto (bfloat16 where the hardware has bf16 "
-                       "units: a CPU with AVX-512 BF16 or AMX, or a CUDA GPU; float32 elsewhere), float32 or bfloat16; "
-                       "LoRA weights and every logprob and loss stay float32 (strop.engine.precision)", "auto",
+    dtype: str = _help("what the trainer and the sampler compute in: auto (training in bfloat16 where the hardware "
+                       "has bf16 units: a CPU with AVX-512 BF16 or AMX, or a CUDA GPU; float32 elsewhere; sampling "
+                       "in float32 on a CPU), float32 or bfloat16 (both); LoRA weights and every logprob and loss "
+                       "stay float32 (strop.engine.precision)", "auto",
                        descriptor="execution.dtype")
 
     def __post_init__(self):
