@@ -52,14 +52,19 @@ def main() -> int:
     cli.add_argument("--max-tokens", type=int, default=160, help="most tokens per model turn")
     cli.add_argument("--max-turns", type=int, default=6, help="most tool calls per episode")
     cli.add_argument("--eval-n", type=int, default=100, help="episodes per evaluation split (default: %(default)s)")
+    cli.add_argument("--sft-run", type=Path,
+                     help="reuse this earlier SFT run folder of the same sizes (its final/ adapter and metrics) instead "
+                          "of training again; its time is read from its metrics")
     cli.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                      help="what every phase computes in (default: %(default)s, bfloat16 where the CPU has bf16 units)")
     cli.add_argument("--out", type=Path, default=Path("benchmarks/out/learning_finance_sql"))
     args = cli.parse_args()
-    from strop.engine.precision import kernels, resolve_dtype
-    args.dtype = resolve_dtype(args.dtype)
-    os.environ["STROP_DTYPE"] = args.dtype  # the evaluations' samplers too
-    print(f"{args.model}, {args.dtype}; CPU kernels {kernels()}", flush=True)
+    from strop.engine.precision import kernels, resolve_dtype, sampler_dtype_for
+    if args.dtype != "auto":
+        os.environ["STROP_DTYPE"] = args.dtype  # the evaluations' samplers too
+    args.computed = {"trainer": resolve_dtype(args.dtype), "sampler": sampler_dtype_for(args.dtype)}
+    print(f"{args.model}, trainer {args.computed['trainer']}, sampler {args.computed['sampler']}; CPU kernels "
+          f"{kernels()}", flush=True)
 
     if args.out.exists():
         shutil.rmtree(args.out)  # a benchmark starts fresh: a resumed run would not measure its phases
@@ -82,6 +87,29 @@ def main() -> int:
     seconds["demos"] = time.perf_counter() - t0
     print(f"demos: {made} train-split transcripts ({seconds['demos']:.0f} s)", flush=True)
 
+    if args.sft_run is not None:
+        sft = _reused_sft(args, seconds)
+    else:
+        sft = _sft(args, demos_file, seconds)
+
+    models = {"base": None, "sft": str(sft.final_adapter)}
+    if args.grpo_steps > 0:  # 0: the warm start alone, base vs SFT
+        models["sft+grpo"] = str(_grpo(args, env_spec, sft, seconds).final_adapter)
+    evaluate(args, models, env_spec, seconds, started)
+    return 0
+
+
+def _reused_sft(args, seconds: dict):
+    from types import SimpleNamespace
+    metrics = [json.loads(line) for line in (args.sft_run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    seconds["sft (reused run)"] = sum(m.get("stepSeconds", 0.0) for m in metrics)
+    print(f"sft: reusing {args.sft_run} ({len([m for m in metrics if m['step'] >= 0])} steps, "
+          f"{seconds['sft (reused run)']:.0f} s of steps); held-out loss "
+          f"{[round(m['evalLoss'], 3) for m in metrics if m.get('evalLoss') is not None]}", flush=True)
+    return SimpleNamespace(final_adapter=args.sft_run / "final", metrics=metrics)
+
+
+def _sft(args, demos_file: Path, seconds: dict):
     t0 = time.perf_counter()
     sft = run_sft(SFTConfig(base_model=args.model, dataset=str(demos_file), max_steps=args.sft_steps,
                             batch_size=args.sft_batch, learning_rate=args.sft_lr, lora_rank=args.rank,
@@ -91,12 +119,7 @@ def main() -> int:
     losses = [(m["step"], m.get("loss"), m.get("evalLoss")) for m in sft.metrics]
     print(f"sft: {args.sft_steps} steps in {seconds['sft']:.0f} s; held-out loss "
           f"{[round(e, 3) for _, _, e in losses if e is not None]}", flush=True)
-
-    models = {"base": None, "sft": str(sft.final_adapter)}
-    if args.grpo_steps > 0:  # 0: the warm start alone, base vs SFT
-        models["sft+grpo"] = str(_grpo(args, env_spec, sft, seconds).final_adapter)
-    evaluate(args, models, env_spec, seconds, started)
-    return 0
+    return sft
 
 
 def _grpo(args, env_spec: dict, sft, seconds: dict):
@@ -128,7 +151,7 @@ def evaluate(args, models: dict, env_spec: dict, seconds: dict, started: float) 
               + f" ({seconds[f'eval {name}']:.0f} s)", flush=True)
         (args.out / f"eval-{name.replace('+', '-')}.json").write_text(json.dumps(reports[name], indent=1))
 
-    summary = {"model": args.model, "dtype": args.dtype, "kernels": kernels(), "eval_n": args.eval_n, "seconds": {k: round(v) for k, v in seconds.items()},
+    summary = {"model": args.model, "dtype": args.computed, "kernels": kernels(), "eval_n": args.eval_n, "seconds": {k: round(v) for k, v in seconds.items()},
                "minutes_total": round((time.perf_counter() - started) / 60, 1), "splits": {}}
     print(f"\n{'split':12s} {'model':9s} {'pass@1':>7s}  " + "  ".join(f"{r:>19s}" for r in RUBRICS))
     for split in SPLITS:

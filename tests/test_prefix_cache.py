@@ -110,3 +110,19 @@ def test_the_budget_comes_from_the_environment(monkeypatch):
         default_budget()
     monkeypatch.delenv("STROP_PREFIX_CACHE_MB")
     assert 0 < default_budget() <= 4 << 30
+
+
+def test_memory_freed_and_kept_by_the_process_counts_as_available():
+    # strop keeps freed memory in the heap (strop.engine.malloc), so the kernel no longer counts it as available;
+    # admission must, or a warm start followed by GRPO in one process is refused memory it holds
+    from strop.engine.malloc import keep_freed_memory, kept_free_bytes
+    from strop.engine.resources import available_bytes
+
+    if not keep_freed_memory() or kept_free_bytes() == 0 and not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"):
+        pytest.skip("not glibc >= 2.33: freed memory cannot be read")
+    before = kept_free_bytes()
+    block = torch.ones(256 << 20, dtype=torch.uint8)
+    block += 1  # touch every page
+    del block
+    assert kept_free_bytes() - before >= 200 << 20
+    assert available_bytes() >= kept_free_bytes()

@@ -31,3 +31,23 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         _done = False
     return _done
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def kept_free_bytes() -> int:
+    """Bytes this process has freed but keeps in its heap (glibc's mallinfo2 fordblks): with the settings above
+    they are never handed back, so the kernel's MemAvailable does not count them, yet the next allocation reuses
+    them. 0 where it cannot be read (not glibc, or glibc before 2.33)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        return 0
+    mallinfo2.restype = _MallInfo2
+    return int(mallinfo2().fordblks)
