@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from strop.engine.prefix_cache import MIN_REUSE, PrefixCache, default_budget
+from strop.errors import StropError
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.models import load_tokenizer
 from strop.types import SamplingParams
@@ -106,7 +107,7 @@ def test_the_budget_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("STROP_PREFIX_CACHE_MB", "12")
     assert default_budget() == 12 << 20
     monkeypatch.setenv("STROP_PREFIX_CACHE_MB", "lots")
-    with pytest.raises(ValueError, match="STROP_PREFIX_CACHE_MB must be a whole number"):
+    with pytest.raises(StropError, match="STROP_PREFIX_CACHE_MB must be a whole number"):
         default_budget()
     monkeypatch.delenv("STROP_PREFIX_CACHE_MB")
     assert 0 < default_budget() <= 4 << 30

@@ -23,6 +23,8 @@ from collections import OrderedDict
 
 import torch
 
+from strop.errors import StropError
+
 MIN_REUSE = 16          # tokens: a shorter shared prefix is prefilled again (not worth the batch's cache padding)
 MAX_ENTRIES = 1024      # bounds the lookup's cost whatever the byte budget
 DEFAULT_SHARE = 0.2     # of the memory available when the engine starts
@@ -37,7 +39,7 @@ def default_budget() -> int:
         try:
             return max(0, int(given)) << 20
         except ValueError:
-            raise ValueError(f"STROP_PREFIX_CACHE_MB must be a whole number of MiB (0: no cache), got {given!r}") from None
+            raise StropError(f"STROP_PREFIX_CACHE_MB must be a whole number of MiB (0: no cache), got {given[:40]!r}") from None
     try:
         with open("/proc/meminfo") as f:
             available = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
