@@ -85,6 +85,21 @@ def test_cispo_keeps_gradient_through_clipped_weights():
     assert lp.grad.tolist() == pytest.approx([-1.2, 2.0])
 
 
+def test_dro_is_reinforce_with_a_quadratic_pull_towards_the_sampler():
+    # grad of -(A * lp - beta/2 * (lp - old)^2) in lp = -A + beta * (lp - old)
+    lp = leaf([math.log(0.5), math.log(0.25)])
+    old = torch.tensor([math.log(0.25), math.log(0.25)], dtype=torch.float64)
+    adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    loss = losses.dro_loss(lp, old, adv, beta=0.5)
+    gap = math.log(0.5) - math.log(0.25)
+    assert loss.item() == pytest.approx(-(math.log(0.5) - 0.25 * gap ** 2 - 2 * math.log(0.25)))
+    loss.backward()
+    assert lp.grad.tolist() == pytest.approx([-1.0 + 0.5 * gap, 2.0])
+    same, _ = losses.sequence_loss("dro", leaf([-1.0]), {"logprobs": torch.tensor([-1.0], dtype=torch.float64),
+                                                         "advantages": torch.tensor([3.0], dtype=torch.float64)})
+    assert same.item() == pytest.approx(3.0)   # on-policy the penalty is 0: -A * log p
+
+
 def test_kl_estimates():
     old = torch.tensor([-1.0, -2.0])
     lp = torch.tensor([-1.5, -1.0])
@@ -147,7 +162,7 @@ def test_every_list_of_loss_names_is_the_engines_registry():
     from strop.rl.config import LOSS_FNS
     assert typing.get_args(types.LossFnType) == tuple(losses.LOSSES)
     assert {k: v for k, v in REQUIRED_INPUTS.items()} == {k: v.inputs for k, v in losses.LOSSES.items()}
-    assert LOSS_FNS == losses.POLICY_LOSSES == ("importance_sampling", "ppo", "cispo")
+    assert LOSS_FNS == losses.POLICY_LOSSES == ("importance_sampling", "ppo", "cispo", "dro")
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     [loss_flag] = [a for a in train._actions if "--loss" in a.option_strings]
     assert tuple(loss_flag.choices) == losses.POLICY_LOSSES
@@ -163,4 +178,4 @@ def test_sequence_loss_dispatches_by_name():
         assert (clipped is not None) == (name == "ppo")
     assert losses.sequence_loss("cross_entropy", lp, inputs)[0].item() == pytest.approx(3.0)
     with pytest.raises(ValueError, match="unknown loss"):
-        losses.sequence_loss("dro", lp, inputs)
+        losses.sequence_loss("gspo", lp, inputs)

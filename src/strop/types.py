@@ -131,7 +131,7 @@ class Datum:
     Loss inputs by loss function (each the same length as `model_input`):
       cross_entropy:        target_tokens, weights
       importance_sampling:  target_tokens, logprobs (the sampler's), advantages
-      ppo, cispo:           target_tokens, logprobs (the sampler's), advantages
+      ppo, cispo, dro:      target_tokens, logprobs (the sampler's), advantages
     """
 
     model_input: ModelInput

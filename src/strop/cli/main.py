@@ -13,7 +13,7 @@ import os
 import sys
 
 from strop import __version__
-from strop.cli import base_models, compare, envs, evaluations, models, projects, quickstart, registry, runs, serve, train
+from strop.cli import base_models, compare, envs, evaluations, models, projects, quickstart, registry, runs, serve, serve_tinker, train
 from strop.errors import StropError
 from strop.scoring.confine import ALLOW_UNCONFINED_ENV
 
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluations.register(nouns)
     compare.register(nouns)
     serve.register(nouns)
+    serve_tinker.register(nouns)
     base_models.register(nouns)
     train.register(nouns)
     quickstart.register(nouns)

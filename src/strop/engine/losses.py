@@ -22,6 +22,9 @@ import math
 from dataclasses import dataclass
 
 
+DRO_BETA = 0.05   # dro's default penalty weight (loss_fn_config {"beta": ...})
+
+
 @dataclass(frozen=True)
 class Loss:
     inputs: tuple[str, ...]  # the loss_fn_inputs each datum carries, each as long as its model input
@@ -37,12 +40,14 @@ LOSSES: dict[str, Loss] = {
                 "PPO's clipped surrogate: -sum(min(r * A, clip(r) * A))"),
     "cispo": Loss(("target_tokens", "logprobs", "advantages"), True,
                   "CISPO: the clipped importance weight, gradient stopped, times A * log p"),
+    "dro": Loss(("target_tokens", "logprobs", "advantages"), True,
+                "DRO: -sum(A * log p - beta/2 * (log p - log q)^2), off-policy with a quadratic penalty"),
 }
 POLICY_LOSSES = tuple(name for name, loss in LOSSES.items() if loss.policy)
 
 
 def sequence_loss(name: str, lp_T, inputs: dict, clip_low: float = 0.8, clip_high: float = 1.2,
-                  tis_cap: float | None = None):
+                  tis_cap: float | None = None, beta: float = DRO_BETA):
     """(the loss `name` over one sequence, the positions a clip cut off or None); `inputs` holds the datum's
     loss_fn_inputs other than target_tokens, as tensors. With `tis_cap`, truncated importance sampling
     (`tis_weights`): the sampler's logprobs give each token's weight and the loss's own ratio is taken against
@@ -59,6 +64,8 @@ def sequence_loss(name: str, lp_T, inputs: dict, clip_low: float = 0.8, clip_hig
         return ppo_loss(lp_T, old_T, adv_T, clip_low, clip_high)
     if name == "cispo":
         return cispo_loss(lp_T, old_T, adv_T, clip_low, clip_high), None
+    if name == "dro":
+        return dro_loss(lp_T, old_T, adv_T, beta), None
     raise ValueError(f"unknown loss {name!r}; the losses are {', '.join(LOSSES)}")
 
 
@@ -92,6 +99,12 @@ def cispo_loss(lp_T, old_T, adv_T, clip_low: float = 0.8, clip_high: float = 1.2
     -sum(sg(clip(r, low, high)) * A * log p). Every token keeps a gradient, unlike PPO."""
     weight_T = (lp_T - old_T).exp().clamp(clip_low, clip_high).detach()
     return -(weight_T * adv_T * lp_T).sum()
+
+
+def dro_loss(lp_T, old_T, adv_T, beta: float = 0.05):
+    """Direct reward optimisation (Richemond et al. 2024; Kimi k1.5): -sum(A * log p - beta/2 * (log p - log q)^2).
+    The quadratic term keeps the policy near the sampler's without a ratio, so the data may be off-policy."""
+    return -(adv_T * lp_T - 0.5 * beta * (lp_T - old_T).square()).sum()
 
 
 def tis_weights(lp_T, old_T, cap: float):

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from strop.engine import lora_linear
-from strop.engine.losses import LOSSES, ratio_stats, sequence_loss
+from strop.engine.losses import DRO_BETA, LOSSES, ratio_stats, sequence_loss
 from strop.engine.malloc import keep_freed_memory
 from strop.engine.resources import HEAD_CHUNK, HEAD_KEEP_BYTES, MAX_TOKENS_PER_MICRO_BATCH
 from strop.engine.sampler import AdapterWeights, cache_keyword
@@ -304,6 +304,8 @@ class LoraTrainer:
             targets[b, :n] = d.loss_fn_inputs["target_tokens"].to_torch().reshape(-1)
             row = {k: v.to_torch().reshape(-1).float() for k, v in d.loss_fn_inputs.items() if k != "target_tokens"}
             active[b, :n] = (row["weights"] if loss_fn == "cross_entropy" else row["advantages"]) != 0
+            if loss_fn == "dro":   # its penalty holds on every sampled token, advantage or not (prompt positions: q = 0)
+                active[b, :n] |= row["logprobs"] != 0
             inputs.append(row)
         lp_B_T, entropy_B_T = self._target_logprobs(input_ids, mask, targets, active)
 
@@ -312,10 +314,11 @@ class LoraTrainer:
                               "kl_sample_train:max": 0.0, "ratio_outside:sum": 0.0}
         low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
         tis_cap = config.get("tis_cap")
+        beta = config.get("beta", DRO_BETA)
         for b, d in enumerate(datums):
             n = d.model_input.length
             lp_T, active_T, row = lp_B_T[b, :n], active[b, :n], inputs[b]
-            loss, clipped_T = sequence_loss(loss_fn, lp_T, row, low, high, tis_cap)
+            loss, clipped_T = sequence_loss(loss_fn, lp_T, row, low, high, tis_cap, beta)
             if clipped_T is not None:
                 stats["clipped:sum"] += float(clipped_T[active_T].sum())
             if LOSSES[loss_fn].policy:

@@ -1,0 +1,64 @@
+"""`strop serve-tinker`: the tinker SDK's wire protocol on this machine, so Tinker code runs here unchanged."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from strop.errors import StropError
+
+
+def register(nouns) -> None:
+    p = nouns.add_parser(
+        "serve-tinker", help="serve the tinker SDK's API (training, sampling, checkpoints) from this machine",
+        description="Run a server that the unmodified `tinker` Python SDK talks to: set TINKER_BASE_URL to its URL "
+                    "and TINKER_API_KEY to a key starting with 'tml-', and ServiceClient, TrainingClient, "
+                    "SamplingClient and RestClient work as against Thinking Machines' service, with LoRA training "
+                    "and sampling on strop's engine. Checkpoints (tinker:// paths) are folders under "
+                    "$STROP_HOME/tinker and survive a restart.",
+        epilog="example:\n  strop serve-tinker --port 8100 &\n"
+               "  TINKER_BASE_URL=http://127.0.0.1:8100 TINKER_API_KEY=tml-local python my_tinker_loop.py\n\n"
+               "Without --api-key-env any key is accepted, and each key sees only its own sessions and "
+               "checkpoints.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    p.add_argument("--port", type=int, default=8100, help="port (default: %(default)s; 0 takes a free one)")
+    p.add_argument("--api-key-env", metavar="VAR",
+                   help="accept only the key(s) in environment variable VAR (several separated by commas)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="what training computes in (default: %(default)s, bf16 where the CPU or GPU has it)")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from strop.paths import strop_home
+    from strop.serve.server import exposure_warning
+    if not 0 <= args.port <= 65535:
+        raise StropError(f"--port must be 0..65535, got {args.port}")
+    keys = None
+    if args.api_key_env:
+        value = os.environ.get(args.api_key_env, "")
+        keys = {k.strip() for k in value.split(",") if k.strip()}
+        if not keys:
+            raise StropError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset")
+        if any(not k.startswith("tml-") for k in keys):
+            raise StropError(f"--api-key-env {args.api_key_env}: the tinker SDK only sends keys that start with "
+                             "'tml-'; use such keys")
+    warning = exposure_warning(args.host, "set" if keys else None)
+    if warning:
+        print(warning, file=sys.stderr)
+    try:
+        # lazy: the SDK's message definitions are an optional extra
+        import tinker  # noqa: F401
+    except ImportError:
+        raise StropError("strop serve-tinker needs the tinker SDK's protocol definitions: "
+                         "pip install 'strop[tinker]'") from None
+    from strop.tinker_wire.app import TinkerServer, make_tinker_app
+    from strop.tinker_wire.service import TinkerService
+    service = TinkerService(strop_home() / "tinker", dtype=args.dtype)
+    server = TinkerServer(make_tinker_app(service, api_keys=keys), host=args.host, port=args.port).start()
+    print(f"strop: tinker API at {server.url}  (TINKER_BASE_URL={server.url}; checkpoints under "
+          f"{strop_home() / 'tinker'}; Ctrl-C stops)", file=sys.stderr, flush=True)
+    server.wait()
+    return 0

@@ -1,0 +1,368 @@
+"""What `strop serve-tinker` keeps and runs: sessions, training models, samplers, futures and one compute worker.
+
+    service = TinkerService(home / "tinker")
+    future_id = service.submit(session, "ForwardBackward", job)      # returns at once
+    record = service.future(future_id, owner)                         # done / payload / error, awaited by the app
+
+Every request that computes (create a model, forward_backward, optim_step, save, load, sample) becomes a job on
+one worker thread and answers at once with a future id, as Tinker's service does; the SDK then long-polls
+`retrieve_future`. The worker takes training jobs from the sessions in turn (round robin, each session's own in
+the order they came), so one busy client does not starve another, and runs the sampling requests that are waiting
+together, batched by the engine, between training jobs. A session's jobs, models, samplers, futures and
+checkpoints are tied to the API key that made it (its owner); another key is told they do not exist.
+
+Bounds: sessions, models, queued jobs per session, futures kept per owner, samples per request and tokens per
+sequence all have limits (the constants below), so no client can hold the server's memory; a finished result
+is dropped after it was read (or after an hour unread), a session without heartbeats for SESSION_IDLE_S is
+closed and its models released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import secrets
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from strop.errors import StropError
+from strop.tinker_wire.checkpoints import CheckpointStore
+from strop.tinker_wire.codec import WireError
+
+MAX_SESSIONS = 64
+MAX_MODELS = 8                  # live LoRA training models on this server (each is trained in memory)
+MAX_QUEUED = 512                # jobs waiting per session
+MAX_FUTURES = 4096              # results kept per owner, read or not
+RESULT_TTL_S = 3600.0           # an unread result is dropped after this long
+READ_RESULT_TTL_S = 300.0       # a read one after this long (a retried read still finds it)
+SESSION_IDLE_S = 600.0          # no heartbeat nor request for this long: the session is closed
+MAX_SAMPLES = 128               # num_samples in one sampling request
+SAMPLE_GATHER_S = 0.02          # how long the worker waits for more sampling requests to batch with the first
+
+
+def owner_of(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()[:24]
+
+
+@dataclass
+class FutureRecord:
+    id: str
+    owner: str
+    kind: str
+    created: float = field(default_factory=time.time)
+    done: bool = False
+    payload: Any = None           # bytes (protobuf) or a JSON-able dict
+    error: str | None = None
+    category: str = "user"
+    read_at: float | None = None
+    waiters: list = field(default_factory=list)
+
+
+@dataclass
+class Session:
+    id: str
+    owner: str
+    created: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.time)
+    finished: str | None = None
+    user_metadata: dict | None = None
+    tags: list = field(default_factory=list)
+    jobs: deque = field(default_factory=deque)
+    models: set = field(default_factory=set)
+    samplers: set = field(default_factory=set)
+
+
+@dataclass
+class Model:
+    id: str
+    session_id: str
+    owner: str
+    base_model: str
+    rank: int
+    lora: dict
+    client: Any = None             # strop TrainingClient, once created
+    last_request: float = field(default_factory=time.time)
+    seq_futures: dict = field(default_factory=dict)   # seq_id -> future id: a re-sent request is not run twice
+
+
+@dataclass
+class Sampler:
+    id: str
+    session_id: str
+    owner: str
+    base_model: str
+    model_path: str | None
+    client: Any                    # strop SamplingClient
+    seq_futures: dict = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    session_id: str
+    future: FutureRecord
+    run: Callable[[], Any]
+    sample: dict | None = None     # a sampling job: {"sampler": Sampler, "prompt": [...], ...}
+
+
+class TinkerService:
+    def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64):
+        import strop  # lazy: torch and the engine load when the server starts, not when the CLI parses
+        self.strop = strop.ServiceClient(dtype=dtype, max_batch=max_batch)
+        self.store = CheckpointStore(root)
+        self.lock = threading.Condition()
+        self.engine_lock = threading.Lock()       # held while a sampler engine (a model in memory) is made
+        self.sessions: dict[str, Session] = {}
+        self.models: dict[str, Model] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self.futures: dict[str, FutureRecord] = {}
+        self.owner_futures: dict[str, deque] = {}
+        self.samples: deque[Job] = deque()
+        self._turn = itertools.count()
+        self._order: deque[str] = deque()          # sessions with queued jobs, in turn order
+        self._model_info: dict[str, dict] = {}
+        self._stop = False
+        self.worker = threading.Thread(target=self._work, name="strop-tinker-worker", daemon=True)
+        self.worker.start()
+        self.reaper = threading.Thread(target=self._reap, name="strop-tinker-reaper", daemon=True)
+        self.reaper.start()
+
+    # ---- sessions ------------------------------------------------------------------------------------
+    def create_session(self, owner: str, tags: list, user_metadata: dict | None) -> Session:
+        with self.lock:
+            live = [s for s in self.sessions.values() if not s.finished]
+            if len(live) >= MAX_SESSIONS:
+                raise WireError(f"this server holds {MAX_SESSIONS} open sessions; close one (ServiceClient.close) "
+                                "or wait for idle ones to expire", status=503)
+            session = Session(id="s" + secrets.token_hex(8), owner=owner, tags=list(tags)[:32],
+                              user_metadata=user_metadata)
+            self.sessions[session.id] = session
+            return session
+
+    def session(self, session_id: str, owner: str, *, live: bool = True) -> Session:
+        with self.lock:
+            session = self.sessions.get(session_id) if isinstance(session_id, str) else None
+            if session is None or session.owner != owner:
+                raise WireError(f"no session {str(session_id)[:40]!r} for this API key", status=404)
+            if live and session.finished:
+                raise WireError(f"session {session_id} is finished ({session.finished}); start a new ServiceClient",
+                                status=410)
+            session.last_seen = time.time()
+            return session
+
+    def finish_session(self, session_id: str, owner: str, reason: str) -> None:
+        session = self.session(session_id, owner, live=False)
+        with self.lock:
+            if session.finished is None:
+                session.finished = reason
+                self._release(session)
+
+    def _release(self, session: Session) -> None:
+        for model_id in list(session.models):
+            self.models.pop(model_id, None)
+        for sampler_id in list(session.samplers):
+            self.samplers.pop(sampler_id, None)
+        session.models.clear()
+        session.samplers.clear()
+
+    # ---- futures -------------------------------------------------------------------------------------
+    def new_future(self, owner: str, kind: str) -> FutureRecord:
+        record = FutureRecord(id=f"f{secrets.token_hex(12)}", owner=owner, kind=kind)
+        with self.lock:
+            kept = self.owner_futures.setdefault(owner, deque())
+            while len(kept) >= MAX_FUTURES:
+                old = self.futures.get(kept[0])
+                if old is not None and not old.done:
+                    raise WireError(f"{MAX_FUTURES} requests of this API key are unfinished; wait for some",
+                                    status=429)
+                self.futures.pop(kept.popleft(), None)
+            kept.append(record.id)
+            self.futures[record.id] = record
+        return record
+
+    def future(self, future_id: str, owner: str) -> FutureRecord:
+        with self.lock:
+            record = self.futures.get(future_id) if isinstance(future_id, str) else None
+        if record is None or record.owner != owner:
+            raise WireError(f"no request {str(future_id)[:48]!r} for this API key (unknown, another key's, or its "
+                            "result was already dropped)", status=404)
+        return record
+
+    def add_waiter(self, record: FutureRecord, loop: asyncio.AbstractEventLoop, waiter: asyncio.Future) -> None:
+        with self.lock:
+            if record.done:
+                waiter.set_result(None)
+            else:
+                record.waiters.append((loop, waiter))
+
+    def _complete(self, record: FutureRecord, payload=None, error: str | None = None, category: str = "user"):
+        with self.lock:
+            record.payload, record.error, record.category, record.done = payload, error, category, True
+            waiters, record.waiters = record.waiters, []
+        for loop, waiter in waiters:
+            try:
+                loop.call_soon_threadsafe(lambda w=waiter: w.done() or w.set_result(None))
+            except RuntimeError:      # the loop closed: its request is gone
+                pass
+
+    # ---- jobs ----------------------------------------------------------------------------------------
+    def submit(self, session: Session, kind: str, run: Callable[[], Any], *, sample: dict | None = None) -> str:
+        record = self.new_future(session.owner, kind)
+        job = Job(session.id, record, run, sample)
+        with self.lock:
+            if len(session.jobs) + sum(1 for j in self.samples if j.session_id == session.id) >= MAX_QUEUED:
+                self.futures.pop(record.id, None)
+                raise WireError(f"session {session.id} has {MAX_QUEUED} requests waiting; wait for some results",
+                                status=429)
+            if sample is not None:
+                self.samples.append(job)
+            else:
+                if not session.jobs:
+                    self._order.append(session.id)
+                session.jobs.append(job)
+            self.lock.notify_all()
+        return record.id
+
+    def _next_training_job(self) -> Job | None:
+        while self._order:
+            session = self.sessions.get(self._order.popleft())
+            if session is None or not session.jobs:
+                continue
+            job = session.jobs.popleft()
+            if session.jobs:
+                self._order.append(session.id)
+            return job
+        return None
+
+    def _work(self) -> None:
+        prefer_samples = False
+        while True:
+            with self.lock:
+                while not self._stop and not self.samples and not self._order:
+                    self.lock.wait()
+                if self._stop:
+                    return
+                job = None
+                if not (prefer_samples and self.samples):
+                    job = self._next_training_job()
+                take_samples = job is None
+            prefer_samples = not prefer_samples
+            if take_samples:
+                self._run_samples()
+            else:
+                self._run(job)
+
+    def _run(self, job: Job) -> None:
+        try:
+            result = job.run()
+        except WireError as exc:
+            self._complete(job.future, error=str(exc), category="user")
+        except StropError as exc:
+            self._complete(job.future, error=str(exc), category="user")
+        except MemoryError:
+            self._complete(job.future, error="the server ran out of memory for this request; send a smaller batch",
+                           category="server")
+        except Exception as exc:  # a bug, reported to the one client whose request met it; the server goes on
+            self._complete(job.future, error=f"{type(exc).__name__}: {exc}", category="server")
+        else:
+            self._complete(job.future, payload=result)
+
+    def _run_samples(self) -> None:
+        time.sleep(SAMPLE_GATHER_S)     # requests sent together arrive a few ms apart: batch them
+        with self.lock:
+            jobs, self.samples = list(self.samples), deque()
+        pending = []
+        for job in jobs:
+            try:
+                pending.append((job, job.run()))     # queues on the engine; nothing runs yet
+            except Exception as exc:
+                self._complete(job.future, error=str(exc), category="user")
+        for job, finish in pending:                  # the first result runs every queued request, batched
+            self._run(Job(job.session_id, job.future, finish))
+
+    def _reap(self) -> None:
+        while not self._stop:
+            time.sleep(5.0)
+            now = time.time()
+            with self.lock:
+                for session in self.sessions.values():
+                    if session.finished is None and now - session.last_seen > SESSION_IDLE_S:
+                        session.finished = "expired"
+                        self._release(session)
+                for fid, record in list(self.futures.items()):
+                    if record.done and ((record.read_at and now - record.read_at > READ_RESULT_TTL_S)
+                                        or now - record.created > RESULT_TTL_S):
+                        self.futures.pop(fid, None)
+
+    def close(self) -> None:
+        with self.lock:
+            self._stop = True
+            self.lock.notify_all()
+
+    # ---- models --------------------------------------------------------------------------------------
+    def model_info(self, base_model: str) -> dict:
+        """The base model's folder, vocabulary size and context length; WireError for a model not on offer."""
+        from strop.models import CATALOG, resolve_model   # lazy: part of the engine's import
+        if base_model not in self._model_info:
+            if base_model not in {entry.model_id for entry in CATALOG}:
+                names = ", ".join(entry.model_id for entry in CATALOG)
+                raise WireError(f"unknown base model {str(base_model)[:100]!r}; this server offers {names}")
+            try:
+                folder = resolve_model(base_model)
+            except StropError as exc:
+                raise WireError(f"base model {base_model!r} is not available here: {exc}") from None
+            config = json.loads((Path(folder) / "config.json").read_text())
+            self._model_info[base_model] = {
+                "folder": str(folder), "vocab_size": int(config.get("vocab_size", 0)),
+                "context": int(config.get("max_position_embeddings") or 32768),
+                "arch": (config.get("architectures") or ["unknown"])[0]}
+        return self._model_info[base_model]
+
+    def model(self, model_id: str, owner: str) -> Model:
+        with self.lock:
+            model = self.models.get(model_id) if isinstance(model_id, str) else None
+        if model is None or model.owner != owner:
+            raise WireError(f"no training model {str(model_id)[:80]!r} for this API key (unknown, another key's, "
+                            "or its session has ended)", status=404)
+        session = self.session(model.session_id, owner)
+        session.last_seen = model.last_request = time.time()
+        return model
+
+    def add_model(self, session: Session, seq: int, base_model: str, rank: int, lora: dict) -> Model:
+        model_id = f"{session.id}:train:{seq}"
+        with self.lock:
+            live = sum(1 for m in self.models.values())
+            if model_id in self.models:
+                raise WireError(f"model {model_id} exists already (model_seq_id {seq} was used in this session)")
+            if live >= MAX_MODELS:
+                raise WireError(f"this server trains at most {MAX_MODELS} models at once; finish a session "
+                                "(ServiceClient.close) to free one")
+            model = Model(id=model_id, session_id=session.id, owner=session.owner, base_model=base_model, rank=rank,
+                          lora=lora)
+            self.models[model_id] = model
+            session.models.add(model_id)
+        return model
+
+    def add_sampler(self, session: Session, seq: int | None, base_model: str, model_path: str | None,
+                    client) -> Sampler:
+        sampler_id = f"{session.id}:sample:{seq if seq is not None else secrets.token_hex(4)}"
+        sampler = Sampler(id=sampler_id, session_id=session.id, owner=session.owner, base_model=base_model,
+                          model_path=model_path, client=client)
+        with self.lock:
+            self.samplers[sampler_id] = sampler
+            session.samplers.add(sampler_id)
+        return sampler
+
+    def sampler(self, sampler_id: str, owner: str) -> Sampler:
+        with self.lock:
+            sampler = self.samplers.get(sampler_id) if isinstance(sampler_id, str) else None
+        if sampler is None or sampler.owner != owner:
+            raise WireError(f"no sampler {str(sampler_id)[:80]!r} for this API key (unknown, another key's, or its "
+                            "session has ended)", status=404)
+        self.session(sampler.session_id, owner)
+        return sampler

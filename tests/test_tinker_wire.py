@@ -1,0 +1,322 @@
+"""`strop serve-tinker` driven by the unmodified `tinker` SDK (PyPI, 0.38) on loopback, on the tiny model.
+
+The SDK is configured only as its users configure it: TINKER_BASE_URL and TINKER_API_KEY. Raw HTTP (httpx) is used
+only where a test sends what the SDK never would (garbage protobuf, another key's future ids, oversized bodies).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+tinker = pytest.importorskip("tinker", reason="the dev install brings the tinker SDK: pip install -e '.[dev]'")
+from tinker import types  # noqa: E402
+
+from strop.tinker_wire.app import TinkerServer, make_tinker_app  # noqa: E402
+from strop.tinker_wire.service import TinkerService  # noqa: E402
+
+MODEL = "strop/tiny-random"
+
+
+def start(root: Path, api_keys=None) -> TinkerServer:
+    return TinkerServer(make_tinker_app(TinkerService(root), api_keys=api_keys), port=0).start()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start(tmp_path_factory.mktemp("tinker"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def sdk_env(server, monkeypatch):
+    monkeypatch.setenv("TINKER_BASE_URL", server.url)
+    monkeypatch.setenv("TINKER_API_KEY", "tml-alice")
+    return server
+
+
+def raw_post(url: str, path: str, declared_length: int) -> bytes:
+    """What the server answers a POST whose head declares `declared_length` body bytes (and sends none)."""
+    host, port = url.split("//")[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nX-API-Key: tml-alice\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {declared_length}\r\n\r\n".encode())
+        return sock.recv(4096)
+
+
+def sft_datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+
+
+def test_seed_000s_loop_runs_through_the_unmodified_sdk(sdk_env):
+    """Seed 000's RL loop (sample groups, reward, centre, importance_sampling, optim_step, a fresh sampling client
+    each step) with `import tinker` and nothing else: sampling is batched server-side, the sampler's logprobs are
+    the trainer's for the same tokens, and training moves the policy towards rewarded tokens."""
+    service_client = tinker.ServiceClient()
+    training_client = service_client.create_lora_training_client(base_model=MODEL, rank=8).result()
+    tokenizer = training_client.get_tokenizer()         # tokenizer_id points at the model folder: no hub
+    prompt = types.ModelInput.from_ints(tokenizer.encode("2 + 3 ="))
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=7)
+    adam = types.AdamParams(learning_rate=5e-2, beta1=0.9, beta2=0.95, eps=1e-8)
+    target = 42                                           # the "right answer": the first token being 42
+
+    first_token_share = []
+    for step in range(4):
+        sampling_client = training_client.save_weights_and_get_sampling_client().result()
+        futures = [sampling_client.sample(prompt=prompt, num_samples=8, sampling_params=params) for _ in range(2)]
+        datums = []
+        for future in futures:
+            result = future.result()
+            assert len(result.sequences) == 8 and all(len(s.tokens) == len(s.logprobs) for s in result.sequences)
+            rewards = [1.0 if s.tokens[0] == target else 0.0 for s in result.sequences]
+            mean = sum(rewards) / len(rewards)
+            ob_len = prompt.length - 1
+            for seq, reward in zip(result.sequences, rewards):
+                toks, lps = list(seq.tokens), list(seq.logprobs)
+                mi = prompt.append(types.EncodedTextChunk(tokens=toks[:-1]))
+                # reward the first answer token towards `target` (a dense stand-in for a grader on a random model)
+                adv = [0.0] * ob_len + [1.0 if t == target else -0.05 for t in toks[:1]] + [0.0] * (len(toks) - 1)
+                datums.append(types.Datum(model_input=mi, loss_fn_inputs={
+                    "target_tokens": [0] * ob_len + toks, "logprobs": [0.0] * ob_len + lps,
+                    "advantages": adv if mean in (0.0, 1.0) else [a + (reward - mean) * (a != 0) for a in adv]}))
+        if step == 0:   # the sampler's logprobs are the trainer's, token for token, for the same weights
+            out = training_client.forward(datums[:4], loss_fn="importance_sampling").result()
+            for datum, o in zip(datums[:4], out.loss_fn_outputs):
+                sampled = np.array(datum.loss_fn_inputs["logprobs"].data)[ob_len:]
+                trained = np.array(o["logprobs"].data)[ob_len:]
+                assert np.abs(sampled - trained).max() < 2e-3
+        # the forced-target datum keeps the signal dense on this random model
+        forced = prompt.append(types.EncodedTextChunk(tokens=[]))
+        datums.append(types.Datum(model_input=forced, loss_fn_inputs={
+            "target_tokens": [0] * ob_len + [target], "logprobs": [0.0] * ob_len + [-7.0],
+            "advantages": [0.0] * ob_len + [1.0]}))
+        fb = training_client.forward_backward(datums, loss_fn="importance_sampling")
+        opt = training_client.optim_step(adam)
+        assert np.isfinite(fb.result().metrics["loss:sum"])
+        assert "grad_norm" in opt.result().metrics
+        lp = training_client.forward([sft_datum(prompt.to_ints() + [target])], "cross_entropy").result()
+        first_token_share.append(float(lp.loss_fn_outputs[0]["logprobs"].data[-1]))
+    assert first_token_share[-1] > first_token_share[0] + 0.5, first_token_share
+    service_client.close("success").result()
+
+
+@pytest.mark.parametrize("loss_fn,config", [("cross_entropy", None), ("importance_sampling", None),
+                                            ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+                                            ("cispo", {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0}),
+                                            ("dro", {"beta": 0.1})])
+def test_every_loss_the_sdk_names_trains(sdk_env, loss_fn, config):
+    service_client = tinker.ServiceClient()
+    client = service_client.create_lora_training_client(base_model=MODEL, rank=4, seed=1).result()
+    tokens = [5, 17, 29, 33, 41, 8, 12]
+    n = len(tokens) - 1
+    inputs = {"target_tokens": tokens[1:]}
+    if loss_fn == "cross_entropy":
+        inputs["weights"] = [0.0, 0.0] + [1.0] * (n - 2)
+    else:
+        inputs["logprobs"] = [0.0, 0.0] + [-6.5] * (n - 2)
+        inputs["advantages"] = [0.0, 0.0] + [1.0] * (n - 2)
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
+    before = client.forward([datum], loss_fn, config).result()
+    for _ in range(3):
+        client.forward_backward([datum], loss_fn, config).result()
+        client.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    after = client.forward([datum], loss_fn, config).result()
+    assert len(after.loss_fn_outputs[0]["logprobs"].data) == n
+    gained = np.array(after.loss_fn_outputs[0]["logprobs"].data[2:]) - np.array(before.loss_fn_outputs[0]["logprobs"].data[2:])
+    assert gained.mean() > 0.05, (loss_fn, gained)    # every one of these raises p(target) for a positive signal
+    if loss_fn == "cross_entropy":    # the policy losses' values carry the importance ratio, which grows too
+        assert after.metrics["loss:sum"] < before.metrics["loss:sum"]
+    service_client.close("success").result()
+
+
+def test_forward_backward_custom_and_unsupported_losses(sdk_env):
+    service_client = tinker.ServiceClient()
+    client = service_client.create_lora_training_client(base_model=MODEL, rank=4).result()
+    datum = sft_datum([3, 9, 27, 81, 243])
+
+    def neg_mean_logprob(data, logprobs_list):
+        loss = -sum(lp.sum() for lp in logprobs_list) / sum(len(lp) for lp in logprobs_list)
+        return loss, {"custom:mean": float(loss.detach())}
+    result = client.forward_backward_custom([datum], neg_mean_logprob).result()
+    assert result.metrics["custom:mean"] > 0
+    with pytest.raises(tinker.BadRequestError, match="gspo.*not supported"):
+        client.forward_backward([datum], "gspo").result()
+    with pytest.raises(tinker.BadRequestError, match="unsupported key 'kl_coeff'"):
+        client.forward_backward([datum], "ppo", {"kl_coeff": 0.1}).result()
+    service_client.close("success").result()
+
+
+def test_sampling_honours_seeds_stops_and_returns_prompt_logprobs(sdk_env):
+    service_client = tinker.ServiceClient()
+    sampler = service_client.create_sampling_client(base_model=MODEL).result()
+    prompt = types.ModelInput.from_ints([1, 2, 3, 4])
+    params = types.SamplingParams(max_tokens=8, seed=123, temperature=1.0)
+    a = sampler.sample(prompt, 3, params).result()
+    b = sampler.sample(prompt, 3, params).result()
+    assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+    assert all(s.stop_reason == "length" and len(s.tokens) == 8 for s in a.sequences)
+    stop_at = a.sequences[0].tokens[2]
+    c = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=8, seed=123, stop=[stop_at])).result()
+    assert c.sequences[0].stop_reason == "stop" and c.sequences[0].tokens[-1] == stop_at
+    logprobs = sampler.compute_logprobs(types.ModelInput.from_ints([1, 2, 3, 4, 5])).result()
+    assert logprobs[0] is None and all(v < 0 for v in logprobs[1:])
+    with_prompt = sampler.sample(prompt, 1, params, include_prompt_logprobs=True).result()
+    assert with_prompt.prompt_logprobs[1:] == pytest.approx(logprobs[1:4], abs=1e-4)
+    service_client.close("success").result()
+
+
+def test_checkpoints_are_files_that_survive_a_restart(tmp_path, monkeypatch):
+    root = tmp_path / "tinker"
+    first = start(root)
+    monkeypatch.setenv("TINKER_BASE_URL", first.url)
+    monkeypatch.setenv("TINKER_API_KEY", "tml-restart")
+    service_client = tinker.ServiceClient()
+    client = service_client.create_lora_training_client(base_model=MODEL, rank=4).result()
+    datum = sft_datum([7, 14, 21, 28, 35])
+    for _ in range(2):
+        client.forward_backward([datum], "cross_entropy").result()
+        client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    state_path = client.save_state("after-two").result().path
+    sampler_path = client.save_weights_for_sampler("for-sampling").result().path
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
+    before = client.create_sampling_client(sampler_path).result().sample(types.ModelInput.from_ints([7, 14]), 1, greedy).result()
+    next_loss = client.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"]
+    run_id = client.model_id
+    first.stop()
+
+    second = start(root)                      # a new server process would read the same folders
+    monkeypatch.setenv("TINKER_BASE_URL", second.url)
+    try:
+        rest = tinker.RestClient()
+        runs = rest.list_training_runs().result().training_runs
+        assert run_id in [r.training_run_id for r in runs]
+        ids = {c.checkpoint_id for c in rest.list_checkpoints(run_id).result().checkpoints}
+        assert ids == {"weights/after-two", "sampler_weights/for-sampling"}
+        assert (root / "runs" / run_id / "weights" / "after-two" / "adapter_model.safetensors").is_file()
+        service_client = tinker.ServiceClient()
+        again = service_client.create_sampling_client(model_path=sampler_path).result()
+        after = again.sample(types.ModelInput.from_ints([7, 14]), 1, greedy).result()
+        assert after.sequences[0].tokens == before.sequences[0].tokens
+        resumed = service_client.create_training_client_from_state_with_optimizer(state_path).result()
+        assert resumed.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"] == \
+            pytest.approx(next_loss, rel=1e-4)
+        service_client.close("success").result()
+    finally:
+        second.stop()
+
+
+def test_two_sessions_train_at_once_and_cannot_touch_each_others_work(server, monkeypatch):
+    monkeypatch.setenv("TINKER_BASE_URL", server.url)
+    results, errors = {}, []
+
+    def train(key: str, tokens: list[int]):
+        try:
+            sc = tinker.ServiceClient(api_key=key)
+            tc = sc.create_lora_training_client(base_model=MODEL, rank=4).result()
+            losses = []
+            for _ in range(4):
+                losses.append(tc.forward_backward([sft_datum(tokens)], "cross_entropy").result().metrics["loss:sum"])
+                tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+            results[key] = (tc.model_id, tc.save_state("mine").result().path, losses)
+            sc.close("success").result()
+        except Exception as exc:  # reported below, with the thread's key
+            errors.append((key, exc))
+    threads = [threading.Thread(target=train, args=("tml-bob", [2, 4, 6, 8, 10, 12])),
+               threading.Thread(target=train, args=("tml-carol", [9, 7, 5, 3, 1]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for key in ("tml-bob", "tml-carol"):
+        assert results[key][2][-1] < results[key][2][0]     # each trained its own adapter
+    bob_run, bob_path, _ = results["tml-bob"]
+    carol = tinker.ServiceClient(api_key="tml-carol")
+    with pytest.raises(Exception, match="no (training run|checkpoint)"):
+        carol.create_training_client_from_state(bob_path).result()
+    assert bob_run not in [r.training_run_id for r in tinker.RestClient(api_key="tml-carol").list_training_runs()
+                           .result().training_runs]
+    # another key's future ids are not found, not served
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        sid = http.post("/api/v1/create_session", headers={"X-API-Key": "tml-bob"},
+                        json={"tags": [], "user_metadata": None, "sdk_version": "x"}).json()["session_id"]
+        made = http.post("/api/v1/create_model", headers={"X-API-Key": "tml-bob"},
+                         json={"session_id": sid, "model_seq_id": 0, "base_model": MODEL,
+                               "lora_config": {"rank": 2}}).json()
+        stolen = http.post("/api/v1/retrieve_future", headers={"X-API-Key": "tml-carol"},
+                           json={"request_id": made["request_id"]})
+        assert stolen.status_code == 404
+        mine = http.post("/api/v1/retrieve_future", headers={"X-API-Key": "tml-bob"},
+                         json={"request_id": made["request_id"]})
+        assert mine.status_code == 200 and mine.json()["model_id"] == made["model_id"]
+    carol.close("success").result()
+
+
+def test_bad_requests_get_the_sdks_errors_and_harm_no_other_session(sdk_env):
+    url = sdk_env.url
+    service_client = tinker.ServiceClient()
+    with pytest.raises(tinker.BadRequestError, match="unknown base model 'no/such-model'"):
+        service_client.create_lora_training_client(base_model="no/such-model", rank=4).result()
+    client = service_client.create_lora_training_client(base_model=MODEL, rank=4).result()
+    with pytest.raises(tinker.BadRequestError, match="outside the model's vocabulary"):
+        client.forward_backward([sft_datum([1, 2, 10**6])], "cross_entropy").result()
+    with pytest.raises(tinker.BadRequestError, match="not a tinker:// checkpoint path|not a checkpoint path"):
+        service_client.create_training_client_from_state("tinker://../../etc/weights/passwd").result()
+    with httpx.Client(base_url=url, timeout=30) as http:
+        key = {"X-API-Key": "tml-alice"}
+        garbage = http.post("/api/v1/forward_backward", content=b"\xff\x00\x12garbage" * 10,
+                            headers={**key, "Content-Type": "application/x-protobuf"})
+        assert garbage.status_code == 400 and "protobuf" in garbage.json()["detail"]
+        assert raw_post(url, "/api/v1/create_session", 1 << 30).startswith(b"HTTP/1.1 413")   # refused unread
+        missing = http.post("/api/v1/retrieve_future", headers=key, json={"request_id": "f" + "0" * 24})
+        assert missing.status_code == 404 and "no request" in missing.json()["detail"]
+        nokey = http.post("/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "x"})
+        assert nokey.status_code == 401
+        bad_json = http.post("/api/v1/optim_step", headers=key, json={"model_id": client.model_id,
+                                                                       "adam_params": {"learning_rate": "fast"}})
+        assert bad_json.status_code == 400 and "learning_rate" in bad_json.json()["detail"]
+    # the session that sent all of that still trains
+    loss = client.forward_backward([sft_datum([1, 2, 3, 4])], "cross_entropy").result().metrics["loss:sum"]
+    assert np.isfinite(loss)
+    service_client.close("success").result()
+
+
+def test_a_wrong_key_is_refused_when_the_server_has_keys(tmp_path, monkeypatch):
+    srv = start(tmp_path / "keyed", api_keys={"tml-right"})
+    try:
+        monkeypatch.setenv("TINKER_BASE_URL", srv.url)
+        with pytest.raises(tinker.AuthenticationError, match="wrong API key"):
+            tinker.ServiceClient(api_key="tml-wrong").create_lora_training_client(base_model=MODEL, rank=2).result()
+        ok = tinker.ServiceClient(api_key="tml-right")
+        assert ok.create_lora_training_client(base_model=MODEL, rank=2).result().model_id
+        ok.close("success").result()
+    finally:
+        srv.stop()
+
+
+def test_the_command_serves_and_refuses_a_missing_key_variable(tmp_path):
+    env = {**os.environ, "STROP_HOME": str(tmp_path)}
+    env.pop("NO_SUCH_KEY_VAR", None)
+    bad = subprocess.run([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--api-key-env", "NO_SUCH_KEY_VAR"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 1 and "NO_SUCH_KEY_VAR" in bad.stderr and "Traceback" not in bad.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stderr.readline()
+        url = line.split("tinker API at ")[1].split()[0]
+        assert httpx.get(f"{url}/api/v1/healthz", timeout=10).json() == {"status": "ok"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
