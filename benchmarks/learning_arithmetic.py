@@ -37,6 +37,19 @@ def held_out(level: str, n: int) -> list:
     raise SystemExit(f"level {level} has only {len(rows)} distinct held-out problems; ask for fewer with --eval-n")
 
 
+def add_task_flags(cli: argparse.ArgumentParser) -> None:
+    """The model, task and GRPO sizes (shared with tinker_wire.py, which runs the same task over the SDK)."""
+    cli.add_argument("--model", default=DEFAULT_MODEL)
+    cli.add_argument("--level", default="add")
+    cli.add_argument("--steps", type=int, default=20)
+    cli.add_argument("--batch-size", type=int, default=8)
+    cli.add_argument("--group-size", type=int, default=8)
+    cli.add_argument("--max-tokens", type=int, default=48)
+    cli.add_argument("--lr", type=float, default=1e-4)
+    cli.add_argument("--rank", type=int, default=32)
+    cli.add_argument("--eval-n", type=int, default=200)
+
+
 def greedy_correct(sampler, renderer, rows, max_tokens: int) -> list[bool]:
     grade = load_grader("builtin:gsm8k")
     params = types.SamplingParams(max_tokens=max_tokens, temperature=0, stop=renderer.get_stop_sequences())
@@ -51,15 +64,7 @@ def greedy_correct(sampler, renderer, rows, max_tokens: int) -> list[bool]:
 
 def main() -> int:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli.add_argument("--model", default=DEFAULT_MODEL)
-    cli.add_argument("--level", default="add")
-    cli.add_argument("--steps", type=int, default=20)
-    cli.add_argument("--batch-size", type=int, default=8)
-    cli.add_argument("--group-size", type=int, default=8)
-    cli.add_argument("--max-tokens", type=int, default=48)
-    cli.add_argument("--lr", type=float, default=1e-4)
-    cli.add_argument("--rank", type=int, default=32)
-    cli.add_argument("--eval-n", type=int, default=200)
+    add_task_flags(cli)
     cli.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                      help="what sampling and training compute in (default: %(default)s, bfloat16 where the CPU has "
                           "bf16 units)")

@@ -27,8 +27,9 @@ from strop.tinker_wire.service import TinkerService  # noqa: E402
 MODEL = "strop/tiny-random"
 
 
-def start(root: Path, api_keys=None) -> TinkerServer:
-    return TinkerServer(make_tinker_app(TinkerService(root), api_keys=api_keys), port=0).start()
+def start(root: Path, api_keys=None, long_poll_s: float = 20.0) -> TinkerServer:
+    return TinkerServer(make_tinker_app(TinkerService(root), api_keys=api_keys, long_poll_s=long_poll_s),
+                        port=0).start()
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +177,22 @@ def test_sampling_honours_seeds_stops_and_returns_prompt_logprobs(sdk_env):
     service_client.close("success").result()
 
 
+def test_results_slower_than_the_long_poll_arrive_after_try_again(tmp_path, monkeypatch):
+    srv = start(tmp_path / "slow", long_poll_s=0.05)
+    try:
+        monkeypatch.setenv("TINKER_BASE_URL", srv.url)
+        sc = tinker.ServiceClient(api_key="tml-slow")
+        sampler = sc.create_sampling_client(base_model=MODEL).result()
+        t0 = time.monotonic()
+        out = sampler.sample(types.ModelInput.from_ints([5, 6, 7]), 32,
+                             types.SamplingParams(max_tokens=160, seed=3)).result()
+        assert time.monotonic() - t0 > 0.05 * 3          # several polls were answered "not yet"
+        assert len(out.sequences) == 32 and all(1 <= len(s.tokens) <= 160 for s in out.sequences)
+        sc.close("success").result()
+    finally:
+        srv.stop()
+
+
 def test_checkpoints_are_files_that_survive_a_restart(tmp_path, monkeypatch):
     root = tmp_path / "tinker"
     first = start(root)
@@ -204,6 +221,16 @@ def test_checkpoints_are_files_that_survive_a_restart(tmp_path, monkeypatch):
         ids = {c.checkpoint_id for c in rest.list_checkpoints(run_id).result().checkpoints}
         assert ids == {"weights/after-two", "sampler_weights/for-sampling"}
         assert (root / "runs" / run_id / "weights" / "after-two" / "adapter_model.safetensors").is_file()
+        # each checkpoint is a tuned model in strop's store, servable like a run's
+        from strop.control import models
+        from strop.control.evaluations import resolve_model
+        from strop.serve import make_server
+        folder = root / "runs" / run_id / "sampler_weights" / "for-sampling"
+        [registered] = [m for m in models.list_all() if m["adapterPath"] == str(folder)]
+        served = resolve_model(registered["modelId"])
+        assert served["baseModel"] == MODEL and served["adapter"] == str(folder)
+        openai_server = make_server(MODEL, base_path=served["basePath"], adapter=served["adapter"], port=0)
+        openai_server.server_close()
         service_client = tinker.ServiceClient()
         again = service_client.create_sampling_client(model_path=sampler_path).result()
         after = again.sample(types.ModelInput.from_ints([7, 14]), 1, greedy).result()
@@ -320,3 +347,54 @@ def test_the_command_serves_and_refuses_a_missing_key_variable(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_rest_client_lists_describes_and_deletes(sdk_env):
+    service_client = tinker.ServiceClient(user_metadata={"purpose": "rest"})
+    client = service_client.create_lora_training_client(base_model=MODEL, rank=4).result()
+    keep = client.save_weights_for_sampler("keep").result().path
+    drop = client.save_state("drop").result().path
+    rest = tinker.RestClient()
+    run = rest.get_training_run(client.model_id).result()
+    assert run.base_model == MODEL and run.lora_rank == 4 and run.last_sampler_checkpoint.tinker_path == keep
+    info = rest.get_weights_info_by_tinker_path(keep).result()
+    assert info.base_model == MODEL and info.lora_rank == 4
+    mine = {c.tinker_path for c in rest.list_user_checkpoints().result().checkpoints}
+    assert {keep, drop} <= mine
+    rest.delete_checkpoint_from_tinker_path(drop).result()
+    left = {c.tinker_path for c in rest.list_checkpoints(client.model_id).result().checkpoints}
+    assert left == {keep}
+    session_id = service_client.holder.get_session_id()
+    assert session_id in rest.list_sessions().result().sessions
+    assert client.model_id in rest.get_session(session_id).result().training_run_ids
+    with pytest.raises(tinker.NotFoundError):
+        tinker.RestClient(api_key="tml-someone-else").get_training_run(client.model_id).result()
+    offered = [m.model_name for m in rest.get_server_capabilities().result().supported_models]
+    assert MODEL in offered
+    service_client.close("success").result()
+
+
+def test_a_request_that_fails_while_it_runs_reaches_result_as_request_failed(sdk_env):
+    service_client = tinker.ServiceClient()
+    client = service_client.create_lora_training_client(base_model=MODEL, rank=4).result()
+    no_weights = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
+                             loss_fn_inputs={"target_tokens": [2, 3, 4]})
+    with pytest.raises(tinker.RequestFailedError, match="weights"):
+        client.forward_backward([no_weights], "cross_entropy").result()
+    service_client.close("success").result()
+
+
+def test_idle_sessions_are_closed_and_their_models_freed(tmp_path, monkeypatch):
+    from strop.tinker_wire import service as service_module
+    service = TinkerService(tmp_path / "idle")
+    try:
+        session = service.create_session("owner", [], None)
+        model = service.add_model(session, 0, MODEL, 4, {})
+        service.reap(now=time.time() + service_module.SESSION_IDLE_S - 5)
+        assert service.model(model.id, "owner") is model           # still within its idle time
+        service.reap(now=time.time() + service_module.SESSION_IDLE_S + 5)
+        assert session.finished == "expired" and model.id not in service.models
+        with pytest.raises(Exception, match="no training model"):
+            service.model(model.id, "owner")
+    finally:
+        service.close()

@@ -47,7 +47,8 @@ def client_config(sample_concurrency: int) -> dict:
             "sample_max_concurrent_requests": sample_concurrency, "sample_enable_stuck_detection": False}
 
 
-def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None, sample_concurrency: int = 256):
+def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None, sample_concurrency: int = 256,
+                    long_poll_s: float = LONG_POLL_S):
     # lazy: starlette and the SDK's types load only when a server is made
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -169,8 +170,15 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
     @route("/api/v1/sessions/{session_id}", methods=("GET",))
     async def get_session(request, who):
         session = service.session(request.path_params["session_id"], who, live=False)
-        return JSONResponse({"training_run_ids": sorted(session.models),
-                             "sampler_ids": sorted(session.samplers)})
+        return JSONResponse({"training_run_ids": sorted(session.models), "sampler_ids": sorted(session.samplers),
+                             "user_metadata": _str_dict(session.user_metadata)})
+
+    @route("/api/v1/sessions", methods=("GET",))
+    async def list_sessions(request, who):
+        with service.lock:
+            mine = sorted((s for s in service.sessions.values() if s.owner == who), key=lambda s: -s.created)
+        shown, cursor = page(request, [s.id for s in mine])
+        return JSONResponse({"sessions": shown, "cursor": cursor})
 
     @route("/api/v1/cancel_future")
     async def cancel(request, who):
@@ -187,9 +195,10 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             waiter = loop.create_future()
             service.add_waiter(record, loop, waiter)
             try:
-                await asyncio.wait_for(waiter, LONG_POLL_S)
-            except asyncio.TimeoutError:
-                return JSONResponse({"type": "try_again", "request_id": record.id, "queue_state": "active"})
+                await asyncio.wait_for(waiter, long_poll_s)
+            except asyncio.TimeoutError:   # not done yet: the SDK asks again at once (408 is its quiet try_again)
+                return JSONResponse({"type": "try_again", "request_id": record.id, "queue_state": "active"},
+                                    status_code=408)
         record.read_at = time.time()
         if record.error is not None:
             return JSONResponse({"error": record.error, "category": record.category})
@@ -308,6 +317,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         def run():
             _trained(model).trainer.save_state(folder)
             service.store.finish(path, who, _str_dict(req.user_metadata), req.ttl_seconds)
+            service.register(path, who)
             return {"type": "save_weights", "path": path}
         return future_reply(service.submit(session, "SaveWeights", run), model_id=model.id)
 
@@ -323,6 +333,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             def run():
                 _trained(model).trainer.save_weights(folder)
                 service.store.finish(path, who, _str_dict(req.user_metadata), req.ttl_seconds)
+                service.register(path, who)
                 return {"type": "save_weights_for_sampler", "path": path}
         else:
             def run():
@@ -530,6 +541,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         return JSONResponse({"checkpoints": shown, "cursor": cursor})
 
     for handler in (config, dynamic_config, capabilities, telemetry, create_session, heartbeat, finish, get_session,
+                    list_sessions,
                     cancel, retrieve, create_model, get_info, forward_backward, optim_step, save_weights,
                     save_for_sampler, load_weights, weights_info, create_sampling_session, get_sampler, asample,
                     training_runs, training_run, run_checkpoints, delete_checkpoint, all_checkpoints):

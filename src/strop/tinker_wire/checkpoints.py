@@ -99,6 +99,18 @@ class CheckpointStore:
             "time": now, "size_bytes": size, "user_metadata": user_metadata or None,
             "expires_at": now + ttl_seconds if ttl_seconds else None}))
 
+    def register(self, path: str, owner: str) -> str:
+        """Register a finished checkpoint as a tuned model in strop's store; its modelId (kept in checkpoint.json)."""
+        from strop.tinker_wire.registry import register_checkpoint   # lazy: loads the store
+        folder, info = self.folder(path, owner)
+        run_id = parse_path(path)[0]
+        model_id, store_run = register_checkpoint(run_id, info, folder)
+        if info.get("storeRunId") != store_run:
+            self.record_run(run_id, {**info, "storeRunId": store_run})
+        meta = json.loads((folder / "checkpoint.json").read_text())
+        atomic_write_text(folder / "checkpoint.json", json.dumps({**meta, "model_id": model_id}))
+        return model_id
+
     def checkpoints(self, run_id: str, owner: str) -> list[dict]:
         self.run_info(run_id, owner)
         out = []

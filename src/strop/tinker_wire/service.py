@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import json
 import secrets
+import sys
 import threading
 import time
 from collections import deque
@@ -43,7 +43,8 @@ RESULT_TTL_S = 3600.0           # an unread result is dropped after this long
 READ_RESULT_TTL_S = 300.0       # a read one after this long (a retried read still finds it)
 SESSION_IDLE_S = 600.0          # no heartbeat nor request for this long: the session is closed
 MAX_SAMPLES = 128               # num_samples in one sampling request
-SAMPLE_GATHER_S = 0.02          # how long the worker waits for more sampling requests to batch with the first
+SAMPLE_GATHER_S = 0.02          # the worker batches sampling requests until none has arrived for this long,
+SAMPLE_GATHER_MAX_S = 0.25      # or for at most this long
 
 
 def owner_of(api_key: str) -> str:
@@ -111,10 +112,11 @@ class Job:
 
 
 class TinkerService:
-    def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64):
+    def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_models: bool = True):
         import strop  # lazy: torch and the engine load when the server starts, not when the CLI parses
         self.strop = strop.ServiceClient(dtype=dtype, max_batch=max_batch)
         self.store = CheckpointStore(root)
+        self.register_models = register_models
         self.lock = threading.Condition()
         self.engine_lock = threading.Lock()       # held while a sampler engine (a model in memory) is made
         self.sessions: dict[str, Session] = {}
@@ -123,7 +125,7 @@ class TinkerService:
         self.futures: dict[str, FutureRecord] = {}
         self.owner_futures: dict[str, deque] = {}
         self.samples: deque[Job] = deque()
-        self._turn = itertools.count()
+        self.sample_batches: deque[int] = deque(maxlen=1000)   # requests per sampling batch, for the curious
         self._order: deque[str] = deque()          # sessions with queued jobs, in turn order
         self._model_info: dict[str, dict] = {}
         self._stop = False
@@ -273,9 +275,20 @@ class TinkerService:
             self._complete(job.future, payload=result)
 
     def _run_samples(self) -> None:
-        time.sleep(SAMPLE_GATHER_S)     # requests sent together arrive a few ms apart: batch them
+        # requests sent together arrive a few ms apart: wait until none has come for SAMPLE_GATHER_S (at most
+        # SAMPLE_GATHER_MAX_S), then run them all in one batch
+        deadline = time.monotonic() + SAMPLE_GATHER_MAX_S
+        seen = -1
+        while time.monotonic() < deadline:
+            with self.lock:
+                count = len(self.samples)
+            if count == seen:
+                break
+            seen = count
+            time.sleep(SAMPLE_GATHER_S)
         with self.lock:
             jobs, self.samples = list(self.samples), deque()
+        self.sample_batches.append(len(jobs))
         pending = []
         for job in jobs:
             try:
@@ -288,21 +301,36 @@ class TinkerService:
     def _reap(self) -> None:
         while not self._stop:
             time.sleep(5.0)
-            now = time.time()
-            with self.lock:
-                for session in self.sessions.values():
-                    if session.finished is None and now - session.last_seen > SESSION_IDLE_S:
-                        session.finished = "expired"
-                        self._release(session)
-                for fid, record in list(self.futures.items()):
-                    if record.done and ((record.read_at and now - record.read_at > READ_RESULT_TTL_S)
-                                        or now - record.created > RESULT_TTL_S):
-                        self.futures.pop(fid, None)
+            self.reap()
+
+    def reap(self, now: float | None = None) -> None:
+        """Close sessions idle past SESSION_IDLE_S (their models and samplers freed) and drop old results."""
+        now = time.time() if now is None else now
+        with self.lock:
+            for session in self.sessions.values():
+                if session.finished is None and now - session.last_seen > SESSION_IDLE_S:
+                    session.finished = "expired"
+                    self._release(session)
+            for fid, record in list(self.futures.items()):
+                if record.done and ((record.read_at and now - record.read_at > READ_RESULT_TTL_S)
+                                    or now - record.created > RESULT_TTL_S):
+                    self.futures.pop(fid, None)
 
     def close(self) -> None:
         with self.lock:
             self._stop = True
             self.lock.notify_all()
+
+    def register(self, path: str, owner: str) -> str | None:
+        """Make a saved checkpoint a tuned model in strop's store (`strop models list`, `strop serve`). A store that
+        cannot be written does not fail the save, which is on disk already: it is said on stderr."""
+        if not self.register_models:
+            return None
+        try:
+            return self.store.register(path, owner)
+        except Exception as exc:  # noqa: BLE001 - the checkpoint itself is saved; the store is the extra
+            print(f"strop serve-tinker: {path} saved, but not registered in the store: {exc}", file=sys.stderr)
+            return None
 
     # ---- models --------------------------------------------------------------------------------------
     def model_info(self, base_model: str) -> dict:

@@ -1,0 +1,168 @@
+"""Seed 000's RL loop through the unmodified tinker SDK against `strop serve-tinker`, side by side with the same
+loop on strop's in-process client: does it learn over the wire, and what does the wire cost?
+
+    python benchmarks/tinker_wire.py                          # SmolLM2-135M-Instruct, arithmetic, 20 steps each
+    python benchmarks/tinker_wire.py --steps 20 --eval-n 200
+
+One loop function runs both ways, written against Tinker's API (sample, forward_backward("importance_sampling"),
+optim_step, save_weights_and_get_sampling_client each step): first with `tinker.ServiceClient()` pointed at a
+`strop serve-tinker` subprocess (TINKER_BASE_URL, TINKER_API_KEY; nothing else), then with `strop.ServiceClient()`
+in this process. Same prompts, seeds and sizes. Prints reward per step for each, the seconds per step and their
+ratio (the wire's overhead), and the SDK run's held-out accuracy before and after with an exact McNemar test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from learning_arithmetic import add_task_flags, held_out  # noqa: E402
+
+import strop  # noqa: E402
+from strop import model_info, renderers  # noqa: E402
+from strop.evals.stats import mcnemar_exact  # noqa: E402
+from strop.scoring import load_grader  # noqa: E402
+
+
+def ready(value):
+    """The tinker SDK returns futures of clients (call .result()); strop's client returns them at once."""
+    from strop.client import SamplingClient, TrainingClient
+    return value if isinstance(value, (SamplingClient, TrainingClient)) else value.result()
+
+
+def rl_loop(service_client, types, model: str, renderer, rows, args) -> tuple[list[dict], object]:
+    """Seed 000's loop: per step a fresh sampling client, GROUP samples per prompt, reward, centre, train."""
+    grade = load_grader("builtin:gsm8k")
+    training_client = ready(service_client.create_lora_training_client(base_model=model, rank=args.rank, seed=0))
+    params = types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, stop=renderer.get_stop_sequences())
+    adam = types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip_norm=1.0)
+    history = []
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        batch = rows[step * args.batch_size:(step + 1) * args.batch_size]
+        sampling_client = ready(training_client.save_weights_and_get_sampling_client())
+        prompts = [types.ModelInput.from_ints(renderer.build_generation_prompt(
+            [{"role": "user", "content": row.question}]).to_ints()) for row in batch]
+        futures = [sampling_client.sample(prompt=p, num_samples=args.group_size,
+                                          sampling_params=types.SamplingParams(
+                                              max_tokens=params.max_tokens, temperature=1.0, stop=params.stop,
+                                              seed=1000 * step + i))
+                   for i, p in enumerate(prompts)]
+        datums, rewards = [], []
+        for future, prompt, row in zip(futures, prompts, batch):
+            result = future.result()
+            group = []
+            for seq in result.sequences:
+                message, _ = renderer.parse_response(list(seq.tokens))
+                group.append(grade(solution_str=renderers.get_text_content(message), ground_truth=row.answer))
+            mean = sum(group) / len(group)
+            rewards.append(mean)
+            if all(r == mean for r in group):
+                continue
+            ob_len = prompt.length - 1
+            for seq, reward in zip(result.sequences, group):
+                toks, lps = list(seq.tokens), list(seq.logprobs)
+                mi = prompt.append(types.EncodedTextChunk(tokens=toks[:-1]))
+                datums.append(types.Datum(model_input=mi, loss_fn_inputs={
+                    "target_tokens": [0] * ob_len + toks, "logprobs": [0.0] * ob_len + lps,
+                    "advantages": [0.0] * ob_len + [reward - mean] * (mi.length - ob_len)}))
+        if datums:
+            fb = training_client.forward_backward(datums, loss_fn="importance_sampling")
+            opt = training_client.optim_step(adam)
+            fb.result(), opt.result()
+        seconds = time.perf_counter() - t0
+        history.append({"step": step, "reward": sum(rewards) / len(rewards), "datums": len(datums),
+                        "seconds": seconds})
+        print(f"  step {step:3d}  reward {history[-1]['reward']:.3f}  datums {len(datums):3d}  {seconds:5.1f} s",
+              flush=True)
+    return history, ready(training_client.save_weights_and_get_sampling_client())
+
+
+def greedy_correct(sampler, types, renderer, rows, max_tokens: int) -> list[bool]:
+    grade = load_grader("builtin:gsm8k")
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=renderer.get_stop_sequences())
+    futures = [sampler.sample(prompt=types.ModelInput.from_ints(renderer.build_generation_prompt(
+        [{"role": "user", "content": r.question}]).to_ints()), num_samples=1, sampling_params=params) for r in rows]
+    out = []
+    for future, row in zip(futures, rows):
+        message, _ = renderer.parse_response(list(future.result().sequences[0].tokens))
+        out.append(grade(solution_str=renderers.get_text_content(message), ground_truth=row.answer) == 1.0)
+    return out
+
+
+def start_server(home: Path) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "STROP_HOME": str(home)}
+    proc = subprocess.Popen([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stderr.readline()
+    if "tinker API at " not in line:
+        raise SystemExit(f"strop serve-tinker did not start: {line}{proc.stderr.read()}")
+    return proc, line.split("tinker API at ")[1].split()[0]
+
+
+def main() -> int:
+    cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_task_flags(cli)
+    cli.add_argument("--out", type=Path, default=Path("benchmarks/out/tinker_wire"))
+    args = cli.parse_args()
+    import tinker
+
+    from strop.data import generate
+    from strop.engine.precision import kernels, resolve_dtype
+    from strop.paths import strop_home
+    print(f"{args.model}; trainer {resolve_dtype('auto')}; CPU kernels {kernels()}; tinker SDK {tinker.__version__}",
+          flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    renderer = renderers.get_renderer(model_info.get_recommended_renderer_name(args.model),
+                                      strop.tokenizer_utils.get_tokenizer(args.model))
+    rows = list(generate(args.level, args.steps * args.batch_size, seed=7, split="train"))
+    eval_rows = held_out(args.level, args.eval_n)
+
+    proc, url = start_server(strop_home())
+    try:
+        os.environ["TINKER_BASE_URL"], os.environ["TINKER_API_KEY"] = url, "tml-benchmark"
+        sdk = tinker.ServiceClient()
+        base = ready(sdk.create_sampling_client(base_model=args.model))
+        t0 = time.perf_counter()
+        before = greedy_correct(base, tinker.types, renderer, eval_rows, args.max_tokens)
+        print(f"before (through the SDK): {sum(before)}/{len(before)} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print("tinker SDK -> strop serve-tinker:", flush=True)
+        wire, tuned = rl_loop(sdk, tinker.types, args.model, renderer, rows, args)
+        t0 = time.perf_counter()
+        after = greedy_correct(tuned, tinker.types, renderer, eval_rows, args.max_tokens)
+        print(f"after (through the SDK): {sum(after)}/{len(after)} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        sdk.close("success").result()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+    print("strop.ServiceClient in process:", flush=True)
+    local, _ = rl_loop(strop.ServiceClient(), strop.types, args.model, renderer, rows, args)
+
+    b = sum(x and not y for x, y in zip(before, after))
+    c = sum(y and not x for x, y in zip(before, after))
+    p = mcnemar_exact(b, c)
+    # step 0 loads the model on each side (and the server's in another process): compare the steps after it
+    wire_s, local_s = sum(r["seconds"] for r in wire[1:]), sum(r["seconds"] for r in local[1:])
+    summary = {"model": args.model, "kernels": kernels(), "steps": args.steps, "eval_n": len(eval_rows),
+               "acc_before": sum(before) / len(before), "acc_after": sum(after) / len(after), "mcnemar_b": b,
+               "mcnemar_c": c, "p": p, "wire_seconds": wire_s, "local_seconds": local_s,
+               "overhead": wire_s / local_s - 1, "wire": wire, "local": local}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"held-out accuracy through the SDK: {summary['acc_before']:.1%} -> {summary['acc_after']:.1%}; "
+          f"discordant {b} right->wrong, {c} wrong->right; exact McNemar p = {p:.3g}")
+    print(f"steps 1..{args.steps - 1}: SDK over the wire {wire_s:.0f} s, in process {local_s:.0f} s; "
+          f"ratio {wire_s / local_s:.3f} (overhead {summary['overhead']:+.1%})")
+    print(f"mean reward, last 4 steps: wire {sum(r['reward'] for r in wire[-4:]) / 4:.3f}, "
+          f"in process {sum(r['reward'] for r in local[-4:]) / 4:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
