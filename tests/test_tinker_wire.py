@@ -210,12 +210,13 @@ def test_checkpoints_are_files_that_survive_a_restart(tmp_path, monkeypatch):
     before = client.create_sampling_client(sampler_path).result().sample(types.ModelInput.from_ints([7, 14]), 1, greedy).result()
     next_loss = client.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"]
     run_id = client.model_id
+    service_client.close("success").result()
     first.stop()
 
     second = start(root)                      # a new server process would read the same folders
     monkeypatch.setenv("TINKER_BASE_URL", second.url)
     try:
-        rest = tinker.RestClient()
+        rest = tinker.RestClient(base_url=second.url, api_key="tml-restart")
         runs = rest.list_training_runs().result().training_runs
         assert run_id in [r.training_run_id for r in runs]
         ids = {c.checkpoint_id for c in rest.list_checkpoints(run_id).result().checkpoints}
@@ -272,7 +273,8 @@ def test_two_sessions_train_at_once_and_cannot_touch_each_others_work(server, mo
     carol = tinker.ServiceClient(api_key="tml-carol")
     with pytest.raises(Exception, match="no (training run|checkpoint)"):
         carol.create_training_client_from_state(bob_path).result()
-    assert bob_run not in [r.training_run_id for r in tinker.RestClient(api_key="tml-carol").list_training_runs()
+    assert bob_run not in [r.training_run_id for r in tinker.RestClient(base_url=server.url, api_key="tml-carol")
+                           .list_training_runs()
                            .result().training_runs]
     # another key's future ids are not found, not served
     with httpx.Client(base_url=server.url, timeout=30) as http:
@@ -354,7 +356,9 @@ def test_the_rest_client_lists_describes_and_deletes(sdk_env):
     client = service_client.create_lora_training_client(base_model=MODEL, rank=4).result()
     keep = client.save_weights_for_sampler("keep").result().path
     drop = client.save_state("drop").result().path
-    rest = tinker.RestClient()
+    # RestClient() with no arguments is cached per process by the SDK under those (empty) arguments, so a test
+    # process that has talked to other servers names this one
+    rest = tinker.RestClient(base_url=sdk_env.url, api_key="tml-alice")
     run = rest.get_training_run(client.model_id).result()
     assert run.base_model == MODEL and run.lora_rank == 4 and run.last_sampler_checkpoint.tinker_path == keep
     info = rest.get_weights_info_by_tinker_path(keep).result()
@@ -368,7 +372,7 @@ def test_the_rest_client_lists_describes_and_deletes(sdk_env):
     assert session_id in rest.list_sessions().result().sessions
     assert client.model_id in rest.get_session(session_id).result().training_run_ids
     with pytest.raises(tinker.NotFoundError):
-        tinker.RestClient(api_key="tml-someone-else").get_training_run(client.model_id).result()
+        tinker.RestClient(base_url=sdk_env.url, api_key="tml-someone-else").get_training_run(client.model_id).result()
     offered = [m.model_name for m in rest.get_server_capabilities().result().supported_models]
     assert MODEL in offered
     service_client.close("success").result()
