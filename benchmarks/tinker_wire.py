@@ -4,10 +4,10 @@ loop on strop's in-process client: does it learn over the wire, and what does th
     python benchmarks/tinker_wire.py                          # SmolLM2-135M-Instruct, arithmetic, 20 steps each
     python benchmarks/tinker_wire.py --steps 20 --eval-n 200
 
-One loop function runs both ways, written against Tinker's API (sample, forward_backward("importance_sampling"),
-optim_step, save_weights_and_get_sampling_client each step): first with `tinker.ServiceClient()` pointed at a
-`strop serve-tinker` subprocess (TINKER_BASE_URL, TINKER_API_KEY; nothing else), then with `strop.ServiceClient()`
-in this process. Same prompts, seeds and sizes. Prints reward per step for each, the seconds per step and their
+One loop runs both ways, written against Tinker's API (sample, forward_backward("importance_sampling"),
+optim_step, save_weights_and_get_sampling_client each step): with `tinker.ServiceClient()` pointed at a
+`strop serve-tinker` subprocess (TINKER_BASE_URL, TINKER_API_KEY; nothing else), and with `strop.ServiceClient()`
+in this process, step by step in turn. Same prompts, seeds and sizes. Prints reward per step for each, the seconds per step and their
 ratio (the wire's overhead), and the SDK run's held-out accuracy before and after with an exact McNemar test.
 """
 
@@ -36,23 +36,26 @@ def ready(value):
     return value if isinstance(value, (SamplingClient, TrainingClient)) else value.result()
 
 
-def rl_loop(service_client, types, model: str, renderer, rows, args) -> tuple[list[dict], object]:
-    """Seed 000's loop: per step a fresh sampling client, GROUP samples per prompt, reward, centre, train."""
-    grade = load_grader("builtin:gsm8k")
-    training_client = ready(service_client.create_lora_training_client(base_model=model, rank=args.rank, seed=0))
-    params = types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, stop=renderer.get_stop_sequences())
-    adam = types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip_norm=1.0)
-    history = []
-    for step in range(args.steps):
+class RLLoop:
+    """Seed 000's loop, one step per call: a fresh sampling client, GROUP samples per prompt, reward, centre,
+    importance_sampling, optim_step. The same code drives the tinker SDK's clients and strop's."""
+
+    def __init__(self, service_client, types, model: str, renderer, rows, args):
+        self.types, self.renderer, self.rows, self.args = types, renderer, rows, args
+        self.grade = load_grader("builtin:gsm8k")
+        self.training_client = ready(service_client.create_lora_training_client(base_model=model, rank=args.rank,
+                                                                                seed=0))
+        self.adam = types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip_norm=1.0)
+
+    def step(self, step: int) -> dict:
+        types, args, renderer = self.types, self.args, self.renderer
         t0 = time.perf_counter()
-        batch = rows[step * args.batch_size:(step + 1) * args.batch_size]
-        sampling_client = ready(training_client.save_weights_and_get_sampling_client())
+        batch = self.rows[step * args.batch_size:(step + 1) * args.batch_size]
+        sampling_client = ready(self.training_client.save_weights_and_get_sampling_client())
         prompts = [types.ModelInput.from_ints(renderer.build_generation_prompt(
             [{"role": "user", "content": row.question}]).to_ints()) for row in batch]
-        futures = [sampling_client.sample(prompt=p, num_samples=args.group_size,
-                                          sampling_params=types.SamplingParams(
-                                              max_tokens=params.max_tokens, temperature=1.0, stop=params.stop,
-                                              seed=1000 * step + i))
+        futures = [sampling_client.sample(prompt=p, num_samples=args.group_size, sampling_params=types.SamplingParams(
+            max_tokens=args.max_tokens, temperature=1.0, stop=renderer.get_stop_sequences(), seed=1000 * step + i))
                    for i, p in enumerate(prompts)]
         datums, rewards = [], []
         for future, prompt, row in zip(futures, prompts, batch):
@@ -60,7 +63,7 @@ def rl_loop(service_client, types, model: str, renderer, rows, args) -> tuple[li
             group = []
             for seq in result.sequences:
                 message, _ = renderer.parse_response(list(seq.tokens))
-                group.append(grade(solution_str=renderers.get_text_content(message), ground_truth=row.answer))
+                group.append(self.grade(solution_str=renderers.get_text_content(message), ground_truth=row.answer))
             mean = sum(group) / len(group)
             rewards.append(mean)
             if all(r == mean for r in group):
@@ -73,15 +76,14 @@ def rl_loop(service_client, types, model: str, renderer, rows, args) -> tuple[li
                     "target_tokens": [0] * ob_len + toks, "logprobs": [0.0] * ob_len + lps,
                     "advantages": [0.0] * ob_len + [reward - mean] * (mi.length - ob_len)}))
         if datums:
-            fb = training_client.forward_backward(datums, loss_fn="importance_sampling")
-            opt = training_client.optim_step(adam)
+            fb = self.training_client.forward_backward(datums, loss_fn="importance_sampling")
+            opt = self.training_client.optim_step(self.adam)
             fb.result(), opt.result()
-        seconds = time.perf_counter() - t0
-        history.append({"step": step, "reward": sum(rewards) / len(rewards), "datums": len(datums),
-                        "seconds": seconds})
-        print(f"  step {step:3d}  reward {history[-1]['reward']:.3f}  datums {len(datums):3d}  {seconds:5.1f} s",
-              flush=True)
-    return history, ready(training_client.save_weights_and_get_sampling_client())
+        return {"step": step, "reward": sum(rewards) / len(rewards), "datums": len(datums),
+                "seconds": time.perf_counter() - t0}
+
+    def sampler(self):
+        return ready(self.training_client.save_weights_and_get_sampling_client())
 
 
 def greedy_correct(sampler, types, renderer, rows, max_tokens: int) -> list[bool]:
@@ -96,14 +98,22 @@ def greedy_correct(sampler, types, renderer, rows, max_tokens: int) -> list[bool
     return out
 
 
-def start_server(home: Path) -> tuple[subprocess.Popen, str]:
+def start_server(home: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    """`strop serve-tinker --port 0 --log-jobs` in a subprocess, its stderr going to `log`; (process, URL)."""
     env = {**os.environ, "STROP_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--port", "0"],
-                            stderr=subprocess.PIPE, text=True, env=env)
-    line = proc.stderr.readline()
-    if "tinker API at " not in line:
-        raise SystemExit(f"strop serve-tinker did not start: {line}{proc.stderr.read()}")
-    return proc, line.split("tinker API at ")[1].split()[0]
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--port", "0", "--log-jobs"],
+                                stderr=sink, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if "tinker API at " in text:
+            return proc, text.split("tinker API at ")[1].split()[0]
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"strop serve-tinker did not start: {log.read_text()[-2000:]}")
 
 
 def main() -> int:
@@ -124,7 +134,7 @@ def main() -> int:
     rows = list(generate(args.level, args.steps * args.batch_size, seed=7, split="train"))
     eval_rows = held_out(args.level, args.eval_n)
 
-    proc, url = start_server(strop_home())
+    proc, url = start_server(strop_home(), args.out / "server.log")
     try:
         os.environ["TINKER_BASE_URL"], os.environ["TINKER_API_KEY"] = url, "tml-benchmark"
         sdk = tinker.ServiceClient()
@@ -132,8 +142,19 @@ def main() -> int:
         t0 = time.perf_counter()
         before = greedy_correct(base, tinker.types, renderer, eval_rows, args.max_tokens)
         print(f"before (through the SDK): {sum(before)}/{len(before)} ({time.perf_counter() - t0:.0f} s)", flush=True)
-        print("tinker SDK -> strop serve-tinker:", flush=True)
-        wire, tuned = rl_loop(sdk, tinker.types, args.model, renderer, rows, args)
+        # the two loops step in turn (which goes first alternates), so a machine that speeds up or slows down
+        # during the run weighs on both alike
+        wire_loop = RLLoop(sdk, tinker.types, args.model, renderer, rows, args)
+        local_loop = RLLoop(strop.ServiceClient(), strop.types, args.model, renderer, rows, args)
+        wire, local = [], []
+        for step in range(args.steps):
+            pair = [("wire", wire_loop, wire), ("local", local_loop, local)]
+            for name, loop, history in (pair if step % 2 == 0 else pair[::-1]):
+                history.append(loop.step(step))
+                row = history[-1]
+                print(f"  {name:5s} step {step:3d}  reward {row['reward']:.3f}  datums {row['datums']:3d}  "
+                      f"{row['seconds']:5.1f} s", flush=True)
+        tuned = wire_loop.sampler()
         t0 = time.perf_counter()
         after = greedy_correct(tuned, tinker.types, renderer, eval_rows, args.max_tokens)
         print(f"after (through the SDK): {sum(after)}/{len(after)} ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -141,9 +162,6 @@ def main() -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-
-    print("strop.ServiceClient in process:", flush=True)
-    local, _ = rl_loop(strop.ServiceClient(), strop.types, args.model, renderer, rows, args)
 
     b = sum(x and not y for x, y in zip(before, after))
     c = sum(y and not x for x, y in zip(before, after))

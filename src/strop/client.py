@@ -24,7 +24,7 @@ import torch
 
 from strop.engine.resources import plan_grpo_memory
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
-from strop.engine.trainer import LoraTrainer, load_adapter_weights
+from strop.engine.trainer import LoraTrainer, SharedBase, load_adapter_weights
 from strop.engine.precision import check_dtype, engine_facts, resolve_dtype, sampler_dtype_for, torch_dtype
 from strop.errors import StropError
 from strop.files import check_regular
@@ -103,6 +103,17 @@ class LocalBackend:
         self.sampler_dtype = torch_dtype(sampler_dtype or sampler_dtype_for(dtype))
         self.max_batch = max_batch
         self._queues: dict[str, _SampleQueue] = {}
+        self._bases: dict[tuple[str, torch.dtype], SharedBase] = {}
+        self._bases_lock = threading.Lock()
+
+    def shared_base(self, base_model: str, dtype: torch.dtype) -> SharedBase:
+        """The base model's frozen weights for trainers, loaded once per process and dtype: every training
+        client on this backend shares them (each with its own adapter and optimizer)."""
+        key = (str(self.model_dir(base_model)), dtype)
+        with self._bases_lock:
+            if key not in self._bases:
+                self._bases[key] = SharedBase(key[0], dtype)
+            return self._bases[key]
 
     def model_dir(self, base_model: str) -> Path:
         return resolve_model(base_model)
@@ -239,9 +250,10 @@ class ServiceClient:
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     alpha: float | None = None, target_modules: list[str] | None = None,
                                     dtype: str | None = None, **_tinker_only) -> TrainingClient:
+        compute = torch_dtype(dtype or self.backend.dtype)
         trainer = LoraTrainer(self.backend.model_dir(base_model), rank=rank, alpha=alpha,
-                              target_modules=target_modules, seed=seed or 0,
-                              compute_dtype=torch_dtype(dtype or self.backend.dtype))
+                              target_modules=target_modules, seed=seed or 0, compute_dtype=compute,
+                              shared_base=self.backend.shared_base(base_model, compute))
         return TrainingClient(self.backend, base_model, trainer)
 
     def create_training_client_from_adapter(self, base_model: str, adapter: str | Path, seed: int | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from strop.errors import StropError
@@ -28,6 +29,8 @@ def register(nouns) -> None:
                    help="accept only the key(s) in environment variable VAR (several separated by commas)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="what training computes in (default: %(default)s, bf16 where the CPU or GPU has it)")
+    p.add_argument("--log-jobs", action="store_true",
+                   help="print a line per job run (kind, session, seconds) and per sampling batch, on stderr")
     p.set_defaults(handler=run)
 
 
@@ -56,9 +59,16 @@ def run(args) -> int:
                          "pip install 'strop[tinker]'") from None
     from strop.tinker_wire.app import TinkerServer, make_tinker_app
     from strop.tinker_wire.service import TinkerService
-    service = TinkerService(strop_home() / "tinker", dtype=args.dtype)
+    log = (lambda line: print(f"strop serve-tinker: {line}", file=sys.stderr, flush=True)) if args.log_jobs else None
+    service = TinkerService(strop_home() / "tinker", dtype=args.dtype, log=log, start_worker=False)
     server = TinkerServer(make_tinker_app(service, api_keys=keys), host=args.host, port=args.port).start()
     print(f"strop: tinker API at {server.url}  (TINKER_BASE_URL={server.url}; checkpoints under "
           f"{strop_home() / 'tinker'}; Ctrl-C stops)", file=sys.stderr, flush=True)
-    server.wait()
+    signal.signal(signal.SIGTERM, lambda *_: service.close())
+    try:
+        service.work()          # the computing happens on this, the main, thread; HTTP is served from another
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
     return 0

@@ -14,6 +14,8 @@ positions for backward up to HEAD_KEEP_BYTES a micro-batch and recomputes it pas
 
 from __future__ import annotations
 
+import copy
+
 import json
 import warnings
 from collections import Counter
@@ -202,10 +204,28 @@ def _repeated_prefix_rows(plan, targets_B_T) -> list[tuple[int, int, int]]:
     return copies
 
 
+class SharedBase:
+    """A base model's frozen weights, loaded once. `module_tree()` gives each trainer a model of its own (its own
+    modules, for PEFT to wrap with its own adapter) whose weight and buffer tensors are these, not copies."""
+
+    def __init__(self, model_dir: str | Path, dtype: torch.dtype):
+        hf_logging.disable_progress_bar()
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        self.model.config.use_cache = False
+        self.model.requires_grad_(False)
+
+    def module_tree(self) -> torch.nn.Module:
+        shared = {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}
+        return copy.deepcopy(self.model, shared)      # deepcopy finds each tensor in `shared` and keeps it
+
+
 class LoraTrainer:
     def __init__(self, model_dir: str | Path, *, rank: int = 32, alpha: float | None = None,
                  target_modules: list[str] | None = None, seed: int = 0,
-                 compute_dtype: torch.dtype | None = None, max_tokens_per_batch: int = MAX_TOKENS_PER_MICRO_BATCH):
+                 compute_dtype: torch.dtype | None = None, max_tokens_per_batch: int = MAX_TOKENS_PER_MICRO_BATCH,
+                 shared_base: SharedBase | None = None):
+        """`shared_base`: take the frozen base weights from there instead of loading them, so several trainers on
+        one base model (sessions of `strop serve-tinker`, an SFT warm start then GRPO) hold them once."""
         if rank < 1:
             raise StropError(f"LoRA rank must be a positive integer, got {rank}")
         self.model_dir = str(model_dir)
@@ -213,8 +233,7 @@ class LoraTrainer:
         # bf16 compute: the frozen base in bf16; PEFT keeps the LoRA weights fp32 (autocast_adapter_dtype), and
         # lora_linear casts them for each product (strop.engine.precision)
         self.compute_dtype = compute_dtype or torch.float32
-        base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.compute_dtype)
-        base.config.use_cache = False
+        base = (shared_base or SharedBase(self.model_dir, self.compute_dtype)).module_tree()
         present = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
         targets = target_modules or [t for t in DEFAULT_TARGETS if t in present]
         missing = [t for t in targets if t not in present]

@@ -112,11 +112,16 @@ class Job:
 
 
 class TinkerService:
-    def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_models: bool = True):
+    def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_models: bool = True,
+                 log=None, start_worker: bool = True):
+        """`start_worker=False`: the caller runs `work()` itself, on the thread that should do the computing
+        (`strop serve-tinker` uses the main thread: torch on a second thread, beside the main thread's OpenMP
+        team, decoded ~30% slower on a 2-core machine, measured)."""
         import strop  # lazy: torch and the engine load when the server starts, not when the CLI parses
         self.strop = strop.ServiceClient(dtype=dtype, max_batch=max_batch)
         self.store = CheckpointStore(root)
         self.register_models = register_models
+        self.log = log            # a callable taking one line per job run (strop serve-tinker --log-jobs), or None
         self.lock = threading.Condition()
         self.engine_lock = threading.Lock()       # held while a sampler engine (a model in memory) is made
         self.sessions: dict[str, Session] = {}
@@ -129,8 +134,8 @@ class TinkerService:
         self._order: deque[str] = deque()          # sessions with queued jobs, in turn order
         self._model_info: dict[str, dict] = {}
         self._stop = False
-        self.worker = threading.Thread(target=self._work, name="strop-tinker-worker", daemon=True)
-        self.worker.start()
+        if start_worker:
+            threading.Thread(target=self.work, name="strop-tinker-worker", daemon=True).start()
         self.reaper = threading.Thread(target=self._reap, name="strop-tinker-reaper", daemon=True)
         self.reaper.start()
 
@@ -241,7 +246,9 @@ class TinkerService:
             return job
         return None
 
-    def _work(self) -> None:
+    def work(self) -> None:
+        """Run jobs until `close()`: the sessions' training jobs in turn, waiting sampling requests batched
+        between them."""
         prefer_samples = False
         while True:
             with self.lock:
@@ -260,6 +267,7 @@ class TinkerService:
                 self._run(job)
 
     def _run(self, job: Job) -> None:
+        started = time.perf_counter()
         try:
             result = job.run()
         except WireError as exc:
@@ -273,6 +281,9 @@ class TinkerService:
             self._complete(job.future, error=f"{type(exc).__name__}: {exc}", category="server")
         else:
             self._complete(job.future, payload=result)
+        if self.log is not None:
+            self.log(f"{job.future.kind} {job.session_id} {time.perf_counter() - started:.2f} s"
+                     + (f" error: {job.future.error[:200]}" if job.future.error else ""))
 
     def _run_samples(self) -> None:
         # requests sent together arrive a few ms apart: wait until none has come for SAMPLE_GATHER_S (at most
@@ -289,6 +300,8 @@ class TinkerService:
         with self.lock:
             jobs, self.samples = list(self.samples), deque()
         self.sample_batches.append(len(jobs))
+        if self.log is not None:
+            self.log(f"sampling batch of {len(jobs)} request(s)")
         pending = []
         for job in jobs:
             try:
