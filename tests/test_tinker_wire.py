@@ -402,3 +402,22 @@ def test_idle_sessions_are_closed_and_their_models_freed(tmp_path, monkeypatch):
             service.model(model.id, "owner")
     finally:
         service.close()
+
+
+def test_a_session_keeps_its_newest_sampling_clients_and_a_key_its_share_of_models(sdk_env):
+    from strop.tinker_wire.service import MAX_MODELS_PER_KEY, MAX_SAMPLERS_PER_SESSION
+    service_client = tinker.ServiceClient(api_key="tml-many")
+    client = service_client.create_lora_training_client(base_model=MODEL, rank=2).result()
+    samplers = [client.save_weights_and_get_sampling_client().result() for _ in range(MAX_SAMPLERS_PER_SESSION + 1)]
+    prompt, params = types.ModelInput.from_ints([1, 2]), types.SamplingParams(max_tokens=2, seed=0)
+    assert len(samplers[-1].sample(prompt, 1, params).result().sequences) == 1
+    with pytest.raises(Exception, match="was released"):
+        samplers[0].sample(prompt, 1, params).result()
+    for _ in range(MAX_MODELS_PER_KEY - 1):
+        service_client.create_lora_training_client(base_model=MODEL, rank=2).result()
+    with pytest.raises(tinker.BadRequestError, match=f"trains {MAX_MODELS_PER_KEY} models already"):
+        service_client.create_lora_training_client(base_model=MODEL, rank=2).result()
+    service_client.close("success").result()
+    again = tinker.ServiceClient(api_key="tml-many")     # a finished session frees its models
+    assert again.create_lora_training_client(base_model=MODEL, rank=2).result().model_id
+    again.close("success").result()

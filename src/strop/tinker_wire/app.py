@@ -30,7 +30,9 @@ MAX_JSON_BYTES = 8 << 20        # any other request
 MAX_DATUMS = 1024               # datums in one forward_backward request (the SDK's chunk is at most this)
 LONG_POLL_S = 20.0              # retrieve_future waits this long for a result before answering try_again
 BODY_TIMEOUT_S = 60.0           # a request body must arrive within this
-MAX_NEW_TOKENS = 8192           # one sampling request's completion budget
+MAX_NEW_TOKENS = 8192           # one sampling request's completion budget per sample
+MAX_SAMPLED_TOKENS = 131072     # and over all its samples (num_samples x max_tokens): a request's time is bounded
+MAX_REQUEST_TOKENS = 300_000    # input tokens in one forward_backward request (the SDK's ~4 MB chunks stay under)
 SUPPORTED_LOSSES = {"cross_entropy": (), "importance_sampling": (), "ppo": ("clip_low_threshold", "clip_high_threshold"),
                     "cispo": ("clip_low_threshold", "clip_high_threshold"), "dro": ("beta",)}
 ATTN, MLP = ["q_proj", "k_proj", "v_proj", "o_proj"], ["gate_proj", "up_proj", "down_proj"]
@@ -42,7 +44,7 @@ def client_config(sample_concurrency: int) -> dict:
     polling of results."""
     return {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": False,
             "parallel_fwdbwd_chunks": False, "proto_compress_fwdbwd": False, "fwdbwd_max_chunk_len": MAX_DATUMS,
-            "fwdbwd_max_chunk_bytes_count": 5_000_000, "sample_use_retrieve_futures": False,
+            "fwdbwd_max_chunk_bytes_count": 4_000_000, "sample_use_retrieve_futures": False,
             "custom_loss_server_side": False, "sample_join_sampling_session": False,
             "sample_max_concurrent_requests": sample_concurrency, "sample_enable_stuck_detection": False}
 
@@ -260,6 +262,10 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         info = service.model_info(model.base_model)
         _, seq_id, data, loss_fn, config, forward_only = codec.read_forward_backward(
             raw, vocab_size=info["vocab_size"], max_tokens=info["context"], max_datums=MAX_DATUMS)
+        total = sum(d.model_input.length for d in data)
+        if total > MAX_REQUEST_TOKENS:
+            raise WireError(f"{total} tokens in one forward_backward request; this server takes at most "
+                            f"{MAX_REQUEST_TOKENS} (split the batch into several calls)", 413)
         _check_loss(loss_fn, config)
         if seq_id and seq_id in model.seq_futures:
             return future_reply(model.seq_futures[seq_id], model_id=model.id)
@@ -271,7 +277,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             output = call(data, loss_fn=loss_fn, loss_fn_config=config or None).result()
             return codec.write_forward_backward_output(output)
         future_id = service.submit(session, "Forward" if forward_only else "ForwardBackward", run)
-        model.seq_futures[seq_id] = future_id
+        _remember(model.seq_futures, seq_id, future_id)
         return future_reply(future_id, model_id=model.id)
 
     @route("/api/v1/optim_step")
@@ -299,7 +305,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             return {"metrics": {k: float(v) for k, v in metrics.items()}}
         future_id = service.submit(session, "OptimStep", run)
         if req.seq_id:
-            model.seq_futures[req.seq_id] = future_id
+            _remember(model.seq_futures, req.seq_id, future_id)
         return future_reply(future_id, model_id=model.id)
 
     # ---- weights ----
@@ -416,9 +422,20 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         else:
             raise WireError("create_sampling_session needs base_model or model_path")
         service.model_info(base)
-        client = await asyncio.to_thread(_sampling_client, service, base, folder)
-        sampler = service.add_sampler(session, req.sampling_session_seq_id, base, req.model_path, client)
-        return JSONResponse({"type": "create_sampling_session", "sampling_session_id": sampler.id})
+
+        def run():     # on the worker: every torch computation of the server happens on that one thread
+            client = _sampling_client(service, base, folder)
+            return {"sampler": service.add_sampler(session, req.sampling_session_seq_id, base, req.model_path,
+                                                   client).id}
+        record = service.future(service.submit(session, "CreateSampler", run), who)
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        service.add_waiter(record, loop, waiter)
+        await waiter
+        record.read_at = time.time()
+        if record.error is not None:
+            raise WireError(record.error, 400 if record.category == "user" else 500)
+        return JSONResponse({"type": "create_sampling_session", "sampling_session_id": record.payload["sampler"]})
 
     @route("/api/v1/samplers/{sampler_id}", methods=("GET",))
     async def get_sampler(request, who):
@@ -452,9 +469,16 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         if room < 1:
             raise WireError(f"the prompt has {len(prompt)} tokens; the model's context is {info['context']}")
         sp = req.sampling_params
+        if not (np.isfinite(sp.temperature) and sp.temperature >= 0 and np.isfinite(sp.top_p)):
+            raise WireError("temperature must be a finite number >= 0 and top_p a number in (0, 1]")
         max_tokens = min(sp.max_tokens if sp.max_tokens is not None else MAX_NEW_TOKENS, room)
         if sp.max_tokens is not None and not 1 <= sp.max_tokens <= MAX_NEW_TOKENS:
             raise WireError(f"max_tokens must be 1..{MAX_NEW_TOKENS}, got {sp.max_tokens}")
+        if sp.max_tokens is None:
+            max_tokens = min(max_tokens, MAX_SAMPLED_TOKENS // req.num_samples)
+        elif req.num_samples * max_tokens > MAX_SAMPLED_TOKENS:
+            raise WireError(f"num_samples x max_tokens = {req.num_samples * max_tokens} is over this server's "
+                            f"{MAX_SAMPLED_TOKENS} per request; send fewer samples per request")
         last_n = req.prompt_logprobs_last_n
         if last_n is not None and not (req.prompt_logprobs and 1 <= last_n <= len(prompt) - 1):
             raise WireError("prompt_logprobs_last_n needs prompt_logprobs and must be 1..len(prompt) - 1")
@@ -485,9 +509,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         future_id = service.submit(session, "Sample", run, sample={"sampler": sampler.id})
         ids = [f"{future_id}:{i}" for i in range(num)]
         if req.seq_id is not None:
-            sampler.seq_futures[req.seq_id] = (future_id, ids)
-            if len(sampler.seq_futures) > 4 * MAX_SAMPLES * 16:
-                sampler.seq_futures.pop(next(iter(sampler.seq_futures)))
+            _remember(sampler.seq_futures, req.seq_id, (future_id, ids))
         return future_reply(future_id, sample_sequence_ids=ids)
 
     # ---- the REST client's listings ----
@@ -565,6 +587,13 @@ def _unzstd(body: bytes, limit: int) -> bytes:
     if len(out) > limit:
         raise WireError(f"the decompressed body is over {limit} bytes", 413)
     return out
+
+
+def _remember(seen: dict, seq_id: int, value) -> None:
+    """Note the future a request's seq_id got (a re-sent request gets it again), keeping the newest 1024."""
+    seen[seq_id] = value
+    while len(seen) > 1024:
+        del seen[next(iter(seen))]
 
 
 def _peek_model_id(raw: bytes) -> str:

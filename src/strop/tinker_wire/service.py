@@ -36,7 +36,11 @@ from strop.tinker_wire.checkpoints import CheckpointStore
 from strop.tinker_wire.codec import WireError
 
 MAX_SESSIONS = 64
+MAX_SESSIONS_PER_KEY = 16       # so that one API key cannot take every session
 MAX_MODELS = 8                  # live LoRA training models on this server (each is trained in memory)
+MAX_MODELS_PER_KEY = 4
+MAX_SAMPLERS_PER_SESSION = 16   # sampling clients kept per session (each holds an adapter snapshot); older ones go
+FINISHED_KEEP_S = 3600.0        # a finished session's record is dropped this long after it finished
 MAX_QUEUED = 512                # jobs waiting per session
 MAX_FUTURES = 4096              # results kept per owner, read or not
 RESULT_TTL_S = 3600.0           # an unread result is dropped after this long
@@ -76,7 +80,8 @@ class Session:
     tags: list = field(default_factory=list)
     jobs: deque = field(default_factory=deque)
     models: set = field(default_factory=set)
-    samplers: set = field(default_factory=set)
+    samplers: dict = field(default_factory=dict)     # sampler id -> None, oldest first
+    finished_at: float | None = None
 
 
 @dataclass
@@ -115,8 +120,10 @@ class TinkerService:
     def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_models: bool = True,
                  log=None, start_worker: bool = True):
         """`start_worker=False`: the caller runs `work()` itself, on the thread that should do the computing
-        (`strop serve-tinker` uses the main thread: torch on a second thread, beside the main thread's OpenMP
-        team, decoded ~30% slower on a 2-core machine, measured)."""
+        (`strop serve-tinker` uses the main thread). Every torch computation of the server runs on the worker:
+        a second thread that runs torch gets an OpenMP team of its own, and with more OpenMP threads than cores
+        decoding was ~30% slower on a 2-core machine (measured; libgomp then waits at its barriers instead of
+        spinning)."""
         import strop  # lazy: torch and the engine load when the server starts, not when the CLI parses
         self.strop = strop.ServiceClient(dtype=dtype, max_batch=max_batch)
         self.store = CheckpointStore(root)
@@ -128,6 +135,7 @@ class TinkerService:
         self.models: dict[str, Model] = {}
         self.samplers: dict[str, Sampler] = {}
         self.futures: dict[str, FutureRecord] = {}
+        self.released_samplers: dict[str, None] = {}      # ids of samplers dropped to keep a session's newest
         self.owner_futures: dict[str, deque] = {}
         self.samples: deque[Job] = deque()
         self.sample_batches: deque[int] = deque(maxlen=1000)   # requests per sampling batch, for the curious
@@ -146,8 +154,13 @@ class TinkerService:
             if len(live) >= MAX_SESSIONS:
                 raise WireError(f"this server holds {MAX_SESSIONS} open sessions; close one (ServiceClient.close) "
                                 "or wait for idle ones to expire", status=503)
-            session = Session(id="s" + secrets.token_hex(8), owner=owner, tags=list(tags)[:32],
-                              user_metadata=user_metadata)
+            if sum(1 for s in live if s.owner == owner) >= MAX_SESSIONS_PER_KEY:
+                raise WireError(f"this API key has {MAX_SESSIONS_PER_KEY} open sessions; close one "
+                                "(ServiceClient.close) before opening another")
+            session = Session(id="s" + secrets.token_hex(8), owner=owner,
+                              tags=[str(t)[:100] for t in list(tags)[:32]],
+                              user_metadata={str(k)[:100]: str(v)[:1000] for k, v in list(user_metadata.items())[:64]}
+                              if isinstance(user_metadata, dict) else None)
             self.sessions[session.id] = session
             return session
 
@@ -166,7 +179,7 @@ class TinkerService:
         session = self.session(session_id, owner, live=False)
         with self.lock:
             if session.finished is None:
-                session.finished = reason
+                session.finished, session.finished_at = reason, time.time()
                 self._release(session)
 
     def _release(self, session: Session) -> None:
@@ -322,8 +335,11 @@ class TinkerService:
         with self.lock:
             for session in self.sessions.values():
                 if session.finished is None and now - session.last_seen > SESSION_IDLE_S:
-                    session.finished = "expired"
+                    session.finished, session.finished_at = "expired", now
                     self._release(session)
+            for sid in [sid for sid, s in self.sessions.items()
+                        if s.finished_at is not None and now - s.finished_at > FINISHED_KEEP_S and not s.jobs]:
+                del self.sessions[sid]
             for fid, record in list(self.futures.items()):
                 if record.done and ((record.read_at and now - record.read_at > READ_RESULT_TTL_S)
                                     or now - record.created > RESULT_TTL_S):
@@ -375,13 +391,17 @@ class TinkerService:
         return model
 
     def add_model(self, session: Session, seq: int, base_model: str, rank: int, lora: dict) -> Model:
+        if not 0 <= seq < 10**9:
+            raise WireError(f"model_seq_id must be 0..999999999, got {seq}")
         model_id = f"{session.id}:train:{seq}"
         with self.lock:
-            live = sum(1 for m in self.models.values())
             if model_id in self.models:
                 raise WireError(f"model {model_id} exists already (model_seq_id {seq} was used in this session)")
-            if live >= MAX_MODELS:
+            if len(self.models) >= MAX_MODELS:
                 raise WireError(f"this server trains at most {MAX_MODELS} models at once; finish a session "
+                                "(ServiceClient.close) to free one")
+            if sum(1 for m in self.models.values() if m.owner == session.owner) >= MAX_MODELS_PER_KEY:
+                raise WireError(f"this API key trains {MAX_MODELS_PER_KEY} models already; finish a session "
                                 "(ServiceClient.close) to free one")
             model = Model(id=model_id, session_id=session.id, owner=session.owner, base_model=base_model, rank=rank,
                           lora=lora)
@@ -391,17 +411,29 @@ class TinkerService:
 
     def add_sampler(self, session: Session, seq: int | None, base_model: str, model_path: str | None,
                     client) -> Sampler:
+        if seq is not None and not 0 <= seq < 10**9:
+            raise WireError(f"sampling_session_seq_id must be 0..999999999, got {seq}")
         sampler_id = f"{session.id}:sample:{seq if seq is not None else secrets.token_hex(4)}"
         sampler = Sampler(id=sampler_id, session_id=session.id, owner=session.owner, base_model=base_model,
                           model_path=model_path, client=client)
         with self.lock:
             self.samplers[sampler_id] = sampler
-            session.samplers.add(sampler_id)
+            session.samplers[sampler_id] = None
+            while len(session.samplers) > MAX_SAMPLERS_PER_SESSION:     # each holds an adapter: keep the newest
+                oldest = next(iter(session.samplers))
+                del session.samplers[oldest]
+                self.samplers.pop(oldest, None)
+                self.released_samplers[oldest] = None
+                while len(self.released_samplers) > 4096:
+                    del self.released_samplers[next(iter(self.released_samplers))]
         return sampler
 
     def sampler(self, sampler_id: str, owner: str) -> Sampler:
         with self.lock:
             sampler = self.samplers.get(sampler_id) if isinstance(sampler_id, str) else None
+        if sampler is None and sampler_id in self.released_samplers:
+            raise WireError(f"sampler {sampler_id} was released: a session keeps its {MAX_SAMPLERS_PER_SESSION} "
+                            "newest sampling clients (each holds a copy of the adapter); make a new one", status=404)
         if sampler is None or sampler.owner != owner:
             raise WireError(f"no sampler {str(sampler_id)[:80]!r} for this API key (unknown, another key's, or its "
                             "session has ended)", status=404)
