@@ -57,9 +57,10 @@ class RLLoop:
         futures = [sampling_client.sample(prompt=p, num_samples=args.group_size, sampling_params=types.SamplingParams(
             max_tokens=args.max_tokens, temperature=1.0, stop=renderer.get_stop_sequences(), seed=1000 * step + i))
                    for i, p in enumerate(prompts)]
+        results = [future.result() for future in futures]
+        t_sampled = time.perf_counter()
         datums, rewards = [], []
-        for future, prompt, row in zip(futures, prompts, batch):
-            result = future.result()
+        for result, prompt, row in zip(results, prompts, batch):
             group = []
             for seq in result.sequences:
                 message, _ = renderer.parse_response(list(seq.tokens))
@@ -75,12 +76,14 @@ class RLLoop:
                 datums.append(types.Datum(model_input=mi, loss_fn_inputs={
                     "target_tokens": [0] * ob_len + toks, "logprobs": [0.0] * ob_len + lps,
                     "advantages": [0.0] * ob_len + [reward - mean] * (mi.length - ob_len)}))
+        t_train = time.perf_counter()
         if datums:
             fb = self.training_client.forward_backward(datums, loss_fn="importance_sampling")
             opt = self.training_client.optim_step(self.adam)
             fb.result(), opt.result()
-        return {"step": step, "reward": sum(rewards) / len(rewards), "datums": len(datums),
-                "seconds": time.perf_counter() - t0}
+        done = time.perf_counter()
+        return {"step": step, "reward": sum(rewards) / len(rewards), "datums": len(datums), "seconds": done - t0,
+                "sample_s": t_sampled - t0, "train_s": done - t_train}
 
     def sampler(self):
         return ready(self.training_client.save_weights_and_get_sampling_client())
@@ -153,7 +156,7 @@ def main() -> int:
                 history.append(loop.step(step))
                 row = history[-1]
                 print(f"  {name:5s} step {step:3d}  reward {row['reward']:.3f}  datums {row['datums']:3d}  "
-                      f"{row['seconds']:5.1f} s", flush=True)
+                      f"{row['seconds']:5.1f} s (sample {row['sample_s']:.1f}, train {row['train_s']:.1f})", flush=True)
         tuned = wire_loop.sampler()
         t0 = time.perf_counter()
         after = greedy_correct(tuned, tinker.types, renderer, eval_rows, args.max_tokens)
@@ -175,8 +178,16 @@ def main() -> int:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"held-out accuracy through the SDK: {summary['acc_before']:.1%} -> {summary['acc_after']:.1%}; "
           f"discordant {b} right->wrong, {c} wrong->right; exact McNemar p = {p:.3g}")
+    ratios = sorted(w["seconds"] / l["seconds"] for w, l in zip(wire[1:], local[1:]))
+    summary["median_step_ratio"] = ratios[len(ratios) // 2] if ratios else None
+    for part in ("sample_s", "train_s"):
+        summary[f"wire_{part}"] = sum(r[part] for r in wire[1:])
+        summary[f"local_{part}"] = sum(r[part] for r in local[1:])
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"steps 1..{args.steps - 1}: SDK over the wire {wire_s:.0f} s, in process {local_s:.0f} s; "
-          f"ratio {wire_s / local_s:.3f} (overhead {summary['overhead']:+.1%})")
+          f"ratio {wire_s / local_s:.3f} (overhead {summary['overhead']:+.1%}); median per-step ratio "
+          f"{summary['median_step_ratio']:.3f}; sampling {summary['wire_sample_s']:.0f} s vs "
+          f"{summary['local_sample_s']:.0f} s, training {summary['wire_train_s']:.0f} s vs {summary['local_train_s']:.0f} s")
     print(f"mean reward, last 4 steps: wire {sum(r['reward'] for r in wire[-4:]) / 4:.3f}, "
           f"in process {sum(r['reward'] for r in local[-4:]) / 4:.3f}")
     return 0

@@ -315,6 +315,11 @@ def test_bad_requests_get_the_sdks_errors_and_harm_no_other_session(sdk_env):
         bad_json = http.post("/api/v1/optim_step", headers=key, json={"model_id": client.model_id,
                                                                        "adam_params": {"learning_rate": "fast"}})
         assert bad_json.status_code == 400 and "learning_rate" in bad_json.json()["detail"]
+    sampler = service_client.create_sampling_client(base_model=MODEL).result()
+    with pytest.raises(tinker.BadRequestError, match="per request"):
+        sampler.sample(types.ModelInput.from_ints([1, 2]), 128, types.SamplingParams(max_tokens=2000)).result()
+    with pytest.raises(tinker.BadRequestError, match="num_samples must be 1..128"):
+        sampler.sample(types.ModelInput.from_ints([1, 2]), 129, types.SamplingParams(max_tokens=2)).result()
     # the session that sent all of that still trains
     loss = client.forward_backward([sft_datum([1, 2, 3, 4])], "cross_entropy").result().metrics["loss:sum"]
     assert np.isfinite(loss)
