@@ -8,6 +8,7 @@ import signal
 import sys
 
 from strop.errors import StropError
+from strop.paths import strop_home
 
 
 def register(nouns) -> None:
@@ -35,7 +36,7 @@ def register(nouns) -> None:
 
 
 def run(args) -> int:
-    from strop.paths import strop_home
+    # lazy: the server's modules (and torch behind them) load when it runs, not when `strop --help` parses
     from strop.serve.server import exposure_warning
     if not 0 <= args.port <= 65535:
         raise StropError(f"--port must be 0..65535, got {args.port}")
@@ -57,6 +58,7 @@ def run(args) -> int:
     except ImportError:
         raise StropError("strop serve-tinker needs the tinker SDK's protocol definitions: "
                          "pip install 'strop[tinker]'") from None
+    # lazy: the engine, starlette and the SDK's types load only here
     from strop.tinker_wire.app import TinkerServer, make_tinker_app
     from strop.tinker_wire.service import TinkerService
     log = (lambda line: print(f"strop serve-tinker: {line}", file=sys.stderr, flush=True)) if args.log_jobs else None

@@ -19,11 +19,15 @@ import time
 
 import numpy as np
 
+from strop.client import SamplingClient
 from strop.envs.openenv_server import EnvServer
+from strop.errors import StropError
+from strop.models import CATALOG
 from strop.tinker_wire import codec
 from strop.tinker_wire.checkpoints import KINDS, check_name, iso, parse_path
 from strop.tinker_wire.codec import WireError
 from strop.tinker_wire.service import MAX_SAMPLES, TinkerService, owner_of
+from strop.types import AdamParams, ModelInput, SamplingParams
 
 MAX_BODY_BYTES = 64 << 20       # a forward_backward chunk (the SDK splits at ~5 MB of payload; zstd or not)
 MAX_JSON_BYTES = 8 << 20        # any other request
@@ -137,7 +141,6 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
 
     @route("/api/v1/get_server_capabilities", methods=("GET",))
     async def capabilities(request, who):
-        from strop.models import CATALOG
         return JSONResponse({"supported_models": [
             {"model_name": e.model_id, "trainable": True, "sampleable": True} for e in CATALOG]})
 
@@ -298,7 +301,6 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         session = service.session(model.session_id, who)
 
         def run():
-            from strop.types import AdamParams
             adam = AdamParams(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2, eps=p.eps,
                               weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
             metrics = _trained(model).optim_step(adam).result().metrics
@@ -345,7 +347,6 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             def run():
                 client = _trained(model)
                 snapshot = client.trainer.adapter_weights()
-                from strop.client import SamplingClient
                 with service.engine_lock:
                     sampling = SamplingClient(client.backend, model.base_model, adapter=snapshot)
                 sampler = service.add_sampler(session, req.sampling_session_seq_id, model.base_model, None, sampling)
@@ -482,8 +483,6 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         last_n = req.prompt_logprobs_last_n
         if last_n is not None and not (req.prompt_logprobs and 1 <= last_n <= len(prompt) - 1):
             raise WireError("prompt_logprobs_last_n needs prompt_logprobs and must be 1..len(prompt) - 1")
-        from strop.errors import StropError
-        from strop.types import ModelInput, SamplingParams
         try:
             params = SamplingParams(max_tokens=max_tokens, seed=sp.seed, temperature=sp.temperature,
                                     top_k=sp.top_k, top_p=sp.top_p, stop=_stop(sp.stop, info["vocab_size"]))
