@@ -18,7 +18,9 @@ API_SURFACE = {"types", "client", "renderers", "model_info", "tokenizer_utils", 
 FORBIDDEN = {
     **{(p, "store"): "the store is the control plane's" for p in
        ("cli", "rl", "evals", "report", "serve", "client", "types", "renderers", "engine", "models", "scoring",
-        "data", "envs", "sft")},
+        "data", "envs", "sft", "tinker_wire")},
+    **{("tinker_wire", p): "the tinker server is handed what it needs from the control plane" for p in
+       ("control", "cli", "rl", "sft", "evals")},
     **{("engine", p): "the engine serves the layers above it" for p in
        ("rl", "sft", "evals", "control", "cli", "serve", "report", "client", "renderers", "scoring", "envs", "data")},
     **{("evals", p): "evaluation is used by the control plane, not the other way" for p in ("control", "cli")},

@@ -28,8 +28,9 @@ MODEL = "strop/tiny-random"
 
 
 def start(root: Path, api_keys=None, long_poll_s: float = 20.0) -> TinkerServer:
-    return TinkerServer(make_tinker_app(TinkerService(root), api_keys=api_keys, long_poll_s=long_poll_s),
-                        port=0).start()
+    from strop.control.tinker_checkpoints import register_checkpoint     # what `strop serve-tinker` hands it
+    service = TinkerService(root, register_checkpoint=register_checkpoint)
+    return TinkerServer(make_tinker_app(service, api_keys=api_keys, long_poll_s=long_poll_s), port=0).start()
 
 
 @pytest.fixture(scope="module")

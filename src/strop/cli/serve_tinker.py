@@ -58,11 +58,13 @@ def run(args) -> int:
     except ImportError:
         raise StropError("strop serve-tinker needs the tinker SDK's protocol definitions: "
                          "pip install 'strop[tinker]'") from None
-    # lazy: the engine, starlette and the SDK's types load only here
+    # lazy: the engine, starlette, the store and the SDK's types load only here
+    from strop.control.tinker_checkpoints import register_checkpoint
     from strop.tinker_wire.app import TinkerServer, make_tinker_app
     from strop.tinker_wire.service import TinkerService
     log = (lambda line: print(f"strop serve-tinker: {line}", file=sys.stderr, flush=True)) if args.log_jobs else None
-    service = TinkerService(strop_home() / "tinker", dtype=args.dtype, log=log, start_worker=False)
+    service = TinkerService(strop_home() / "tinker", dtype=args.dtype, log=log, start_worker=False,
+                            register_checkpoint=register_checkpoint)
     server = TinkerServer(make_tinker_app(service, api_keys=keys), host=args.host, port=args.port).start()
     print(f"strop: tinker API at {server.url}  (TINKER_BASE_URL={server.url}; checkpoints under "
           f"{strop_home() / 'tinker'}; Ctrl-C stops)", file=sys.stderr, flush=True)

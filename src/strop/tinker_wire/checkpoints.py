@@ -99,9 +99,9 @@ class CheckpointStore:
             "time": now, "size_bytes": size, "user_metadata": user_metadata or None,
             "expires_at": now + ttl_seconds if ttl_seconds else None}))
 
-    def register(self, path: str, owner: str) -> str:
-        """Register a finished checkpoint as a tuned model in strop's store; its modelId (kept in checkpoint.json)."""
-        from strop.tinker_wire.registry import register_checkpoint   # lazy: loads the store
+    def register(self, path: str, owner: str, register_checkpoint) -> str:
+        """Register a finished checkpoint with `register_checkpoint(run_id, run_info, folder) -> (modelId, store
+        runId)` (strop.control.tinker_checkpoints); the modelId is kept in checkpoint.json."""
         folder, info = self.folder(path, owner)
         run_id = parse_path(path)[0]
         model_id, store_run = register_checkpoint(run_id, info, folder)

@@ -117,7 +117,7 @@ class Job:
 
 
 class TinkerService:
-    def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_models: bool = True,
+    def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_checkpoint=None,
                  log=None, start_worker: bool = True):
         """`start_worker=False`: the caller runs `work()` itself, on the thread that should do the computing
         (`strop serve-tinker` uses the main thread). Every torch computation of the server runs on the worker:
@@ -127,7 +127,7 @@ class TinkerService:
         import strop  # lazy: torch and the engine load when the server starts, not when the CLI parses
         self.strop = strop.ServiceClient(dtype=dtype, max_batch=max_batch)
         self.store = CheckpointStore(root)
-        self.register_models = register_models
+        self.register_checkpoint = register_checkpoint   # (run id, run info, folder) -> (modelId, store runId)
         self.log = log            # a callable taking one line per job run (strop serve-tinker --log-jobs), or None
         self.lock = threading.Condition()
         self.engine_lock = threading.Lock()       # held while a sampler engine (a model in memory) is made
@@ -351,12 +351,13 @@ class TinkerService:
             self.lock.notify_all()
 
     def register(self, path: str, owner: str) -> str | None:
-        """Make a saved checkpoint a tuned model in strop's store (`strop models list`, `strop serve`). A store that
-        cannot be written does not fail the save, which is on disk already: it is said on stderr."""
-        if not self.register_models:
+        """Make a saved checkpoint a tuned model in strop's store (`strop models list`, `strop serve`), when the
+        server was given a way to (`register_checkpoint`). A store that cannot be written does not fail the save,
+        which is on disk already: it is said on stderr."""
+        if self.register_checkpoint is None:
             return None
         try:
-            return self.store.register(path, owner)
+            return self.store.register(path, owner, self.register_checkpoint)
         except Exception as exc:  # noqa: BLE001 - the checkpoint itself is saved; the store is the extra
             print(f"strop serve-tinker: {path} saved, but not registered in the store: {exc}", file=sys.stderr)
             return None

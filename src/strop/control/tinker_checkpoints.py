@@ -1,13 +1,22 @@
-"""Tinker checkpoints in strop's store: each saved checkpoint becomes a tuned model (`strop models list`, `strop
+"""`strop serve-tinker`'s checkpoints in strop's store: each saved checkpoint becomes a tuned model (`strop models list`, `strop
 serve MODEL`, `strop evaluations start --model MODEL`), from a run in project `tinker` that stands for the Tinker
 training run (its configName is the Tinker training run id; its base model is selected if it was not).
 
     model_id, store_run_id = register_checkpoint("SESSION:train:0", run_info, checkpoint_folder)
+
+The server (`strop.tinker_wire`) is handed this function by the command that starts it, so the store stays
+the control plane's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from sqlalchemy import select
+
+from strop.control import base_models
+from strop.store import artifacts, open_store, session_scope
+from strop.store.schema import Model, Project, Run, utcnow
 
 PROJECT = "tinker"
 
@@ -15,13 +24,6 @@ PROJECT = "tinker"
 def register_checkpoint(training_run_id: str, run_info: dict, folder: Path) -> tuple[str, str]:
     """(modelId, store runId) of the checkpoint at `folder`, registered now; the store run is made on the run's
     first checkpoint (`run_info["storeRunId"]` names it after that)."""
-    # lazy: the store (sqlalchemy, alembic) loads only when a checkpoint is saved
-    from sqlalchemy import select
-
-    from strop.store import artifacts, open_store, session_scope
-    from strop.store.schema import Model, Project, Run, utcnow
-
-    from strop.control import base_models
     if run_info["base_model"] not in base_models.selected():
         base_models.select(run_info["base_model"])     # what `strop serve MODEL` and evaluations start from
     sha = artifacts.put_dir(folder)
