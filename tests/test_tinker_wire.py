@@ -362,6 +362,9 @@ def test_the_rest_client_lists_describes_and_deletes(sdk_env):
     client = service_client.create_lora_training_client(base_model=MODEL, rank=4).result()
     keep = client.save_weights_for_sampler("keep").result().path
     drop = client.save_state("drop").result().path
+    inflight = client.save_weights_and_get_sampling_client(kind="inflight").result()     # served as a snapshot
+    assert len(inflight.sample(types.ModelInput.from_ints([1, 2]), 2, types.SamplingParams(max_tokens=3))
+               .result().sequences) == 2
     # RestClient() with no arguments is cached per process by the SDK under those (empty) arguments, so a test
     # process that has talked to other servers names this one
     rest = tinker.RestClient(base_url=sdk_env.url, api_key="tml-alice")
