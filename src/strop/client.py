@@ -24,6 +24,7 @@ import torch
 
 from strop.engine.resources import plan_grpo_memory
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
+from strop.engine.samplers import check_sampler, make_engine, resolve_sampler
 from strop.engine.trainer import LoraTrainer, SharedBase, load_adapter_weights
 from strop.engine.precision import check_dtype, engine_facts, resolve_dtype, sampler_dtype_for, torch_dtype
 from strop.errors import StropError
@@ -60,7 +61,7 @@ class APIFuture:
 class _SampleQueue:
     """Requests waiting for an engine; flushed together when any of their futures is read."""
 
-    def __init__(self, engine: SamplerEngine):
+    def __init__(self, engine: SamplerEngine):  # or any engine of its interface (strop.engine.vllm_engine)
         self.engine = engine
         self.pending: list[tuple[AdapterWeights | None, SampleRequest, Future]] = []
         self.lock = threading.Lock()
@@ -98,9 +99,12 @@ class _SampleQueue:
 class LocalBackend:
     """Loads base models once per process and keeps one sampler engine per base model."""
 
-    def __init__(self, dtype: str = "auto", max_batch: int = 64, sampler_dtype: str | None = None):
+    def __init__(self, dtype: str = "auto", max_batch: int = 64, sampler_dtype: str | None = None,
+                 sampler: str | None = "auto", sampler_options: dict | None = None):
         self.dtype = resolve_dtype(dtype)  # what the trainers compute in, named once for the whole process
         self.sampler_dtype = torch_dtype(sampler_dtype or sampler_dtype_for(dtype))
+        self.sampler = resolve_sampler(sampler)  # which engine samples: "strop" or "vllm"
+        self.sampler_options = dict(sampler_options or {})
         self.max_batch = max_batch
         self._queues: dict[str, _SampleQueue] = {}
         self._bases: dict[tuple[str, torch.dtype], SharedBase] = {}
@@ -123,11 +127,32 @@ class LocalBackend:
 
     def queue(self, base_model: str) -> _SampleQueue:
         path = str(self.model_dir(base_model))
-        if path not in self._queues:
-            engine = SamplerEngine(path, tokenizer=self.tokenizer(base_model), dtype=self.sampler_dtype,
-                                   max_batch=self.max_batch)
-            self._queues[path] = _SampleQueue(engine)
-        return self._queues[path]
+        queue = self._queues.get(path)
+        if queue is not None and not getattr(queue.engine, "alive", True):
+            # a vLLM engine whose process died: its step failed with the cause; the next request starts another
+            self._queues.pop(path).engine.close()
+            queue = None
+        if queue is None:
+            options = self.sampler_options if self.sampler == "vllm" else {}  # the vLLM engine's settings
+            engine = make_engine(self.sampler, path, tokenizer=self.tokenizer(base_model), dtype=self.sampler_dtype,
+                                 max_batch=self.max_batch, **options)
+            queue = self._queues[path] = _SampleQueue(engine)
+        return queue
+
+    def sampler_facts(self) -> dict:
+        """Which engine samples, and (for vLLM, once started) its version, device and how adapters reach it."""
+        facts = {"sampler": self.sampler}
+        for queue in self._queues.values():
+            facts.update(getattr(queue.engine, "facts", {}))
+        return facts
+
+    def close(self) -> None:
+        """Stop the sampler engines (a vLLM engine's process); clients made from this backend start them again."""
+        for queue in self._queues.values():
+            close = getattr(queue.engine, "close", None)
+            if close is not None:
+                close()
+        self._queues.clear()
 
 
 class SamplingClient:
@@ -223,24 +248,28 @@ class TrainingClient:
     def engine_facts(self) -> dict:
         """What this client trains and its sampling clients sample in, and on which CPU kernels (a strop
         extension: runs record it in engine.json)."""
-        return engine_facts(self.trainer.compute_dtype, self.backend.sampler_dtype)
+        return {**engine_facts(self.trainer.compute_dtype, self.backend.sampler_dtype), **self.backend.sampler_facts()}
 
 
 class ServiceClient:
     """Entry point. `backend="local"` trains and samples in this process on CPU (or CUDA when present)."""
 
     def __init__(self, backend: str = "local", dtype: str = "auto", max_batch: int = 64,
-                 sampler_dtype: str | None = None, **_ignored):
+                 sampler_dtype: str | None = None, sampler: str = "auto", sampler_options: dict | None = None,
+                 **_ignored):
         """`dtype`: what training and sampling compute in: "auto" (training in bfloat16 where the hardware has
         bf16 units, float32 elsewhere; sampling in float32 on a CPU: strop.engine.precision), "float32" or
         "bfloat16" (both); `sampler_dtype` overrides it for the sampler alone. LoRA weights, logprobs and losses
-        are float32 either way."""
+        are float32 either way. `sampler`: which engine samples, "auto" (strop.engine.samplers), "strop" or
+        "vllm" (`pip install -e ".[vllm]"`); `sampler_options` go to that engine (vLLM: sync="merged"|"lora")."""
         if backend != "local":
             raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
         check_dtype(dtype)
+        check_sampler(sampler)
         if sampler_dtype is not None:
             check_dtype(sampler_dtype, what="sampler_dtype")
-        self.backend = LocalBackend(dtype=dtype, max_batch=max_batch, sampler_dtype=sampler_dtype)
+        self.backend = LocalBackend(dtype=dtype, max_batch=max_batch, sampler_dtype=sampler_dtype, sampler=sampler,
+                                    sampler_options=sampler_options)
 
     @property
     def dtype(self) -> str:
@@ -286,6 +315,16 @@ class ServiceClient:
             raise StropError("create_sampling_client needs base_model (the model the adapter was trained on)")
         adapter = load_adapter_weights(model_path) if model_path else None
         return SamplingClient(self.backend, base_model, adapter=adapter, model_path=model_path)
+
+    def start_sampler(self, base_model: str) -> dict:
+        """Start the sampler engine for a base model now rather than at the first sample (a strop extension: a run
+        learns at once that vLLM is missing or fails to start, before any step), and return `sampler_facts`."""
+        self.backend.queue(base_model)
+        return self.backend.sampler_facts()
+
+    def close(self) -> None:
+        """Stop this client's sampler engines (a vLLM engine's process)."""
+        self.backend.close()
 
     def plan_grpo_memory(self, base_model: str, *, batch_size: int, group_size: int, prompt_tokens: int,
                          completion_tokens: int, what: str = "this run") -> dict:

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from strop.cli.output import add_output_flags, emit, format_table, note
+from strop.cli.output import add_output_flags, add_sampler_flag, emit, format_table, note
 from strop.envs import get_env, list_envs
 from strop.envs.base import ToolCall
 from strop.envs.openenv_server import MAX_MESSAGE_BYTES, serve_env
@@ -59,6 +59,7 @@ def register(nouns) -> None:
     ev.add_argument("--baseline", metavar="MODEL", help="also evaluate this model on the same tasks and compare "
                                                         "(per split: pass@1 of each, delta, exact McNemar p)")
     add_output_flags(ev)
+    add_sampler_flag(ev)
     ev.set_defaults(handler=_eval)
 
     demos = verbs.add_parser(

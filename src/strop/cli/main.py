@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.allow_unconfined_graders:
         os.environ[ALLOW_UNCONFINED_ENV] = "1"  # the background workers this command starts inherit it
+    if getattr(args, "sampler", None):
+        os.environ["STROP_SAMPLER"] = args.sampler  # every sampling client of this command and its workers
     try:
         return args.handler(args) or 0
     except StropError as exc:

@@ -60,3 +60,13 @@ def _cell(value) -> str:
 def note(message: str) -> None:
     """Progress and hints go to stderr so stdout stays clean for -o json."""
     print(message, file=sys.stderr)
+
+
+SAMPLER_HELP = ("which engine samples a local model: strop (its own decoder), vllm (pip install -e \".[vllm]\", or "
+                "STROP_VLLM_PYTHON naming a Python that has it) or auto (default: vLLM on a CUDA GPU where installed, "
+                "strop's decoder elsewhere, the faster on a CPU). Sets STROP_SAMPLER for the work this command starts")
+
+
+def add_sampler_flag(parser) -> None:
+    """`--sampler auto|strop|vllm` (strop.cli.main puts it in STROP_SAMPLER, which every ServiceClient reads)."""
+    parser.add_argument("--sampler", choices=("auto", "strop", "vllm"), help=SAMPLER_HELP)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from strop.cli.output import add_output_flags, emit
+from strop.cli.output import add_output_flags, add_sampler_flag, emit
 
 
 def register(nouns) -> None:
@@ -80,6 +80,7 @@ def register(nouns) -> None:
     parser.add_argument("--timeout", type=float, default=d.request_timeout, metavar="SECONDS", dest="request_timeout",
                         help="seconds each endpoint request may take (default: %(default)s)")
     add_output_flags(parser)
+    add_sampler_flag(parser)
     parser.set_defaults(handler=_quickstart)
 
     clean = nouns.add_parser(

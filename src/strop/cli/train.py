@@ -81,6 +81,10 @@ def register(nouns) -> None:
                         "has bf16 units (a CPU with AVX-512 BF16 or AMX, a CUDA GPU), float32 elsewhere, and samples in "
                         "float32 on a CPU; bfloat16 or float32 set both. LoRA weights, logprobs and losses stay "
                         "float32. STROP_DTYPE sets the default for `auto`")
+    p.add_argument("--sampler", choices=("auto", "strop", "vllm"),
+                   help="which engine samples the rollouts: strop (its own decoder), vllm (pip install -e \".[vllm]\", "
+                        "or STROP_VLLM_PYTHON naming a Python that has it) or auto (default: vLLM on a CUDA GPU where "
+                        "installed, strop's decoder elsewhere, the faster on a CPU). STROP_SAMPLER sets the default")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_output_flags(p)
     p.set_defaults(handler=run)
@@ -97,7 +101,7 @@ FLAG_FIELDS = {"--base-model": "base_model", "--dataset": "dataset", "--limit": 
                "--question-suffix": "question_suffix", "--save-every": "save_every",
                "--keep-adapters": "keep_adapters", "--seed": "seed", "--init-adapter": "init_adapter",
                "--dtype": "dtype", "--rollout-correction": "rollout_correction",
-               "--rollout-correction-cap": "rollout_correction_cap"}
+               "--rollout-correction-cap": "rollout_correction_cap", "--sampler": "sampler"}
 
 
 def config_values(args, rewards: list[dict]) -> dict:
@@ -137,7 +141,7 @@ def parse_reward(spec: str) -> dict:
 # flags only GRPO reads: refused with --method sft when set to anything but their default
 GRPO_ONLY = ("--limit", "--reward", "--group-size", "--max-tokens", "--temperature", "--kl-beta", "--loss",
              "--scale-by-std", "--system-prompt", "--question-suffix", "--rollout-correction",
-             "--rollout-correction-cap")
+             "--rollout-correction-cap", "--sampler")
 
 
 def run(args) -> int:

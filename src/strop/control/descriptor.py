@@ -240,6 +240,9 @@ class ExecutionSpec(_Strict):
     keep_adapters: int = _limited("keep_adapters")
     dtype: Literal["auto", "float32", "bfloat16"] = _field(
         "auto", accepts='"auto" (bfloat16 where the hardware has bf16 units, else float32), "float32" or "bfloat16"')
+    sampler: Literal["auto", "strop", "vllm"] = _field(
+        "auto", accepts='"strop" (strop\'s own decoder), "vllm" (vLLM: pip install -e ".[vllm]") or "auto" (vLLM on '
+                        'a CUDA GPU where installed, else strop)')
 
 
 class RunDescriptor(_Strict):

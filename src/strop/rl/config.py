@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from strop.engine.precision import CHOICES as DTYPE_CHOICES
+from strop.engine.samplers import CHOICES as SAMPLER_CHOICES
 from strop.errors import StropError
 from strop.engine.losses import POLICY_LOSSES
 from strop.rl.limits import LIMITS
@@ -105,6 +106,9 @@ class GRPOConfig:
                        "in float32 on a CPU), float32 or bfloat16 (both); LoRA weights and every logprob and loss "
                        "stay float32 (strop.engine.precision)", "auto",
                        descriptor="execution.dtype")
+    sampler: str = _help("which engine samples: auto (vLLM on a CUDA GPU where it is installed, strop's own decoder "
+                         "elsewhere: the faster on a CPU), strop, or vllm (pip install -e \".[vllm]\"; "
+                         "strop.engine.samplers)", "auto", descriptor="execution.sampler")
 
     def __post_init__(self):
         problems = self.validate()
@@ -154,6 +158,8 @@ class GRPOConfig:
                                             f"{self.loss_fn!r}"))
         if self.dtype not in DTYPE_CHOICES:
             p.append(("dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}"))
+        if self.sampler not in SAMPLER_CHOICES:
+            p.append(("sampler", f"must be one of {', '.join(SAMPLER_CHOICES)}, got {self.sampler!r}"))
         if _is_int(self.max_seq_length) and _is_int(self.max_completion_length) \
                 and self.max_seq_length <= self.max_completion_length:
             p.append(("max_seq_length", f"must exceed max_completion_length ({self.max_completion_length}) to "

@@ -149,7 +149,18 @@ def _run_grpo(config: GRPOConfig, run_dir: Path, sandbox, *, service, progress, 
 
 def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, service, progress, announce,
            on_eval) -> RunResult:
-    service = service or ServiceClient(dtype=config.dtype)
+    if service is not None:
+        return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce, on_eval=on_eval)
+    service = ServiceClient(dtype=config.dtype, sampler=config.sampler,
+                            sampler_options={"log_dir": str(run_dir)})  # a vLLM engine logs into the run folder
+    try:
+        return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce, on_eval=on_eval)
+    finally:
+        service.close()  # a vLLM engine's process ends with the run
+
+
+def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, progress, announce,
+              on_eval) -> RunResult:
     training = training_client(service, config)
     renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
                             training.get_tokenizer())
@@ -166,6 +177,7 @@ def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, ser
 
     start_step = checkpoints.resume(training, run_dir)
     config.save(run_dir / "config.json")
+    service.start_sampler(config.base_model)  # a vLLM that is missing or fails to start fails the run here
     (run_dir / "engine.json").write_text(json.dumps(training.engine_facts(), indent=2))
     if announce:
         print(f"run folder: {run_dir}" + (f" (resuming at step {start_step})" if start_step else ""), file=sys.stderr)
