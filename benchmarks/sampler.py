@@ -1,10 +1,15 @@
-"""strop's sampler against HF `model.generate`: new tokens per second at several batch sizes, and the share of
-this machine's matmul roofline each reaches.
+"""strop's sampler against HF `model.generate` and vLLM: new tokens per second at several batch sizes, and the
+share of this machine's matmul roofline each reaches.
 
     python benchmarks/sampler.py             # SmolLM2, batches 1, 8, 32 and the GRPO shape 8 x 4, 64 tokens
     python benchmarks/sampler.py --quick     # tiny-random smoke run
 
-Runs in the project's venv (no trl needed). Both sides run in this process on the same prompts (distinct
+Runs in the project's venv (no trl needed). vLLM is the third column where it is installed (`pip install -e
+".[vllm]"`, or STROP_VLLM_PYTHON naming a Python that has it; --no-vllm leaves it out): strop's VllmEngine, vLLM in
+a worker process, in the same dtype, EOS ignored; its prefix cache is emptied before every timed run (as strop's is
+off), so a prompt's keys and values are computed once per run and shared by its samples, as strop does. After the tables, the two ways an
+adapter reaches vLLM are measured at the largest batch: merged into the weights, and as a LoRA request (a rank-32
+adapter with non-zero weights): the seconds to hand it over and the tokens/s with it. Both sides run in this process on the same prompts (distinct
 chat-formatted "What is a + b?" questions), in each of --dtypes (fp32 and bf16 by default: one table each, the
 CPU's kernels and bf16 units named at the top), and produce exactly --tokens new tokens per row: HF with
 min_new_tokens = max_new_tokens, strop with the EOS set of its engine emptied (benchmark-only; see
@@ -111,6 +116,7 @@ def main() -> int:
     cli.add_argument("--dtypes", default="float32,bfloat16",
                      help="compute dtypes, each a table of both engines (default: %(default)s; bf16 on a CPU without "
                           "bf16 units is slow, not wrong)")
+    cli.add_argument("--no-vllm", action="store_true", help="leave vLLM out even where it is installed")
     cli.add_argument("--quick", action="store_true", help="a smoke configuration (any flag given still wins)")
     args = cli.parse_args()
     defaults = ({"model": TINY_MODEL, "steps": 1, "batches": "1,4", "prompts": 2, "group_size": 2, "tokens": 8,
@@ -146,9 +152,17 @@ def main() -> int:
           f"dtype here: {resolve_dtype('auto')}); {args.tokens} new tokens per row, "
           f"{'sampled' if args.sample else 'greedy'}; matmul {args.matmul_size}^2: fp32 {gflops['float32']:.0f} "
           f"GFLOP/s, bf16 {gflops['bfloat16']:.0f} GFLOP/s; {load_line()}", flush=True)
+    from strop.engine.vllm_engine import vllm_available
+    use_vllm = not args.no_vllm and vllm_available()
+    if not use_vllm:
+        print("vLLM: " + ("left out (--no-vllm)" if args.no_vllm else "not installed here (pip install -e \".[vllm]\" or "
+                                                                         "STROP_VLLM_PYTHON)"), flush=True)
     results = []
     for dtype in dtypes:
-        results += run_dtype(args, dtype, getattr(torch, dtype), model_dir, tokenizer, shapes, ids, gflops[dtype])
+        results += run_dtype(args, dtype, getattr(torch, dtype), model_dir, tokenizer, shapes, ids, gflops[dtype],
+                             use_vllm)
+    if use_vllm:
+        adapter_sync(args, model_dir, tokenizer, ids[:max(batches)], getattr(torch, dtypes[0]))
     print(f"after the runs: {load_line()}")
     top = max(b for b in batches)
     for dtype, _, _, speedup, share, tps in [r for r in results if r[1] == top and r[2] == 1]:
@@ -158,8 +172,8 @@ def main() -> int:
     return 0
 
 
-def run_dtype(args, dtype_name, dtype, model_dir, tokenizer, shapes, ids, gflops) -> list[tuple]:
-    """One table: HF generate against strop's sampler, both in `dtype`, every shape."""
+def run_dtype(args, dtype_name, dtype, model_dir, tokenizer, shapes, ids, gflops, use_vllm) -> list[tuple]:
+    """One table: HF generate against strop's sampler (and vLLM), all in `dtype`, every shape."""
     from transformers import AutoModelForCausalLM
 
     from strop.engine.sampler import SamplerEngine
@@ -168,37 +182,92 @@ def run_dtype(args, dtype_name, dtype, model_dir, tokenizer, shapes, ids, gflops
     engine = SamplerEngine(model_dir, tokenizer=tokenizer, dtype=dtype, max_batch=max(p * g for p, g, _ in shapes),
                            prefix_cache_bytes=0)  # the same prompts again and again: a cache would skip the prefill
     engine.eos_ids = frozenset()  # benchmark-only: no early stop, every row runs to --tokens
-    print(f"\n{dtype_name}", flush=True)
+    vllm = None
+    if use_vllm:
+        from strop.engine.vllm_engine import VllmEngine
+        vllm = VllmEngine(model_dir, tokenizer=tokenizer, dtype=dtype, max_batch=max(p * g for p, g, _ in shapes))
+        vllm.eos_ids = frozenset()  # likewise (the engine then asks vLLM to ignore EOS)
+        strop_generate(vllm, ids[:1], args.tokens, args.sample)
+    print(f"\n{dtype_name}" + (f" (vLLM {vllm.facts['vllmVersion']} on {vllm.facts['vllmDevice']}, started in "
+                                f"{vllm.facts['vllmStartSeconds']:.0f} s)" if vllm else ""), flush=True)
 
     batches = sorted({b for b, per, _ in shapes[:-1]})
     # one warm-up per side: first calls pay for lazy initialisation and allocator growth
     hf_generate(hf, tokenizer, ids[:1], args.tokens, args.sample)
     strop_generate(engine, ids[:1], args.tokens, args.sample)
-    print(f"{'rows':>10} {'HF tok/s':>9} {'strop tok/s':>11} {'speedup':>7} {'HF roof':>7} {'strop roof':>10}"
-          f"  greedy rows equal")
+    print(f"{'rows':>10} {'HF tok/s':>9} {'strop tok/s':>11} {'vLLM tok/s':>10} {'speedup':>7} {'vLLM/HF':>7} "
+          f"{'HF roof':>7} {'strop roof':>10} {'vLLM roof':>9}  greedy rows equal to HF (strop, vLLM)")
     results = []
     for n_prompts, per_prompt, sample in shapes:
         prompts = ids[:n_prompts]
         new_tokens = n_prompts * per_prompt * args.tokens
-        hf_s, strop_s = [], []
-        for _ in range(args.steps):  # alternate, so a change in machine load falls on both
+        hf_s, strop_s, vllm_s, vllm_rows = [], [], [], []
+        for _ in range(args.steps):  # alternate, so a change in machine load falls on every side
             s, hf_rows = timed(lambda: hf_generate(hf, tokenizer, prompts, args.tokens, sample, per_prompt))
             hf_s.append(s)
             s, strop_rows = timed(lambda: strop_generate(engine, prompts, args.tokens, sample, per_prompt))
             strop_s.append(s)
+            if vllm is not None:
+                vllm.reset_cache()
+                s, vllm_rows = timed(lambda: strop_generate(vllm, prompts, args.tokens, sample, per_prompt))
+                vllm_s.append(s)
         hf_tps, strop_tps = new_tokens / statistics.median(hf_s), new_tokens / statistics.median(strop_s)
+        vllm_tps = new_tokens / statistics.median(vllm_s) if vllm_s else float("nan")
         mean_context = statistics.fmean(len(p) for p in prompts) + (args.tokens - 1) / 2
         dense, attention = flops_per_token(hf, mean_context)
         share = {name: (dense + attention) * tps / (gflops * 1e9) for name, tps in
-                 (("hf", hf_tps), ("strop", strop_tps))}
-        equal = "-" if sample else f"{sum(a == b for a, b in zip(hf_rows, strop_rows))}/{len(hf_rows)}"
+                 (("hf", hf_tps), ("strop", strop_tps), ("vllm", vllm_tps))}
+        equal = "-" if sample else (f"{sum(a == b for a, b in zip(hf_rows, strop_rows))}/{len(hf_rows)}, "
+                                    f"{sum(a == b for a, b in zip(hf_rows, vllm_rows))}/{len(hf_rows) if vllm_rows else 0}")
         label = f"{n_prompts}x{per_prompt}" if per_prompt > 1 else str(n_prompts)
-        print(f"{label:>10} {hf_tps:9.1f} {strop_tps:11.1f} {strop_tps / hf_tps:7.2f} {share['hf']:7.2%} "
-              f"{share['strop']:10.2%}  {equal}", flush=True)
+        print(f"{label:>10} {hf_tps:9.1f} {strop_tps:11.1f} {vllm_tps:10.1f} {strop_tps / hf_tps:7.2f} "
+              f"{vllm_tps / hf_tps:7.2f} {share['hf']:7.2%} {share['strop']:10.2%} {share['vllm']:9.2%}  {equal}",
+              flush=True)
         results.append((dtype_name, n_prompts * per_prompt, per_prompt, strop_tps / hf_tps, share["strop"], strop_tps))
     print(f"FLOPs per new token: {dense / 1e6:.1f} M (2 x matmul parameters) + {attention / 1e6:.2f} M attention "
           f"(at the last row's mean context {mean_context:.0f}); shares are of {dtype_name} matmul's {gflops:.0f} GFLOP/s")
+    if vllm is not None:
+        vllm.close()
     return results
+
+
+def adapter_sync(args, model_dir, tokenizer, prompts, dtype) -> None:
+    """vLLM with an adapter, both ways: seconds to hand a new adapter over, and greedy tokens/s with it."""
+    import torch
+
+    from strop.engine.trainer import LoraTrainer
+    from strop.engine.vllm_engine import VllmEngine
+
+    trainer = LoraTrainer(model_dir, rank=32, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in trainer.model.parameters():
+            if param.requires_grad:
+                param.add_(torch.randn(param.shape, generator=gen) * 0.01)
+    adapters = [trainer.adapter_weights()]
+    with torch.no_grad():
+        for param in trainer.model.parameters():
+            if param.requires_grad:
+                param.mul_(1.01)
+    adapters.append(trainer.adapter_weights())
+    print(f"\nvLLM with a rank-32 adapter ({str(dtype).removeprefix('torch.')}, {len(prompts)} greedy rows, "
+          f"{args.tokens} tokens)")
+    print(f"{'sync':>8} {'hand-over s':>11} {'tok/s':>8}")
+    for sync in ("merged", "lora"):
+        engine = VllmEngine(model_dir, tokenizer=tokenizer, dtype=dtype, max_batch=len(prompts), sync=sync,
+                            prefix_caching=False)
+        engine.eos_ids = frozenset()
+        engine.activate(adapters[0])
+        strop_generate(engine, prompts[:1], args.tokens, False)  # warm-up with an adapter in place
+        handover, seconds = [], []
+        for step in range(args.steps):
+            s, _ = timed(lambda: engine.activate(adapters[(step + 1) % 2]))
+            handover.append(s)
+            s, _ = timed(lambda: strop_generate(engine, prompts, args.tokens, False))
+            seconds.append(s)
+        engine.close()
+        print(f"{sync:>8} {statistics.median(handover):11.2f} "
+              f"{len(prompts) * args.tokens / statistics.median(seconds):8.1f}", flush=True)
 
 
 if __name__ == "__main__":

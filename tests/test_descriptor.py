@@ -113,6 +113,9 @@ def test_strict_types_no_coercion():
     cases = [
         (("execution", "gpus"), True, "$.execution.gpus: must be an integer from 0 to 1,024 (got true)"),
         (("execution", "saveEvery"), 10.0, "$.execution.saveEvery: must be an integer from 1 to 1,000,000 (got 10.0)"),
+        (("execution", "sampler"), "fast", '$.execution.sampler: must be "strop" (strop\'s own decoder), "vllm" (vLLM: '
+                                           'pip install -e ".[vllm]") or "auto" (vLLM on a CUDA GPU where installed, '
+                                           'else strop) (got "fast")'),
         (("config", "rlHyperparams", "temperature"), "1.0",
          '$.config.rlHyperparams.temperature: must be a number greater than 0, up to 10 (got "1.0")'),
         (("config", "rlHyperparams", "klBeta"), float("nan"),
@@ -308,6 +311,9 @@ def test_every_descriptor_setting_reaches_the_one_run_config():
     assert (config.group_size, config.max_steps, config.lora_target_modules, config.eval_every) == \
         (hp["groupSize"], 7, ["q_proj"], 5)
     assert config.learning_rate == hp["optimizer"]["learningRate"] and config.save_every == data["execution"]["saveEvery"]
+    assert config.sampler == "auto"
+    data["execution"]["sampler"] = "vllm"
+    assert validate_descriptor(data).to_grpo_config("x.jsonl", []).sampler == "vllm"
 
 
 def test_the_one_validator_names_problems_in_each_front_ends_words():

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -172,7 +173,7 @@ def test_a_killed_engine_fails_the_request_with_its_cause_and_the_next_one_start
     before = sampler.sample(prompt, 2, params).result().sequences
     engine = backend.queue(str(tiny32)).engine
     os.kill(engine.pid, signal.SIGKILL)
-    with pytest.raises(VllmEngineError, match=r"(?s)process exited \(exit code -9, killed by SIGKILL\).*vllm-engine.log"):
+    with pytest.raises(VllmEngineError, match=r"(?s)process exited \(exit code -9, killed by SIGKILL\).*logs/vllm-engine-.*\.log"):
         sampler.sample(prompt, 2, params).result()
     # the backend notices the dead process and starts another engine for the next client
     again = client.create_sampling_client(base_model=str(tiny32)).sample(prompt, 2, params).result().sequences
@@ -200,9 +201,13 @@ def test_a_python_without_vllm_fails_at_start_with_the_workers_own_words(monkeyp
         pytest.skip("this Python has vllm")
     monkeypatch.setenv("STROP_VLLM_PYTHON", sys.executable)
     started = time.monotonic()
-    with pytest.raises(VllmEngineError, match=r"(?s)exited \(exit code 1\).*No module named 'vllm'"):
+    before = set(Path(tempfile.gettempdir()).glob("strop-vllm-*"))
+    with pytest.raises(VllmEngineError, match=r"(?s)exited \(exit code 1\).*No module named 'vllm'") as caught:
         VllmEngine(tiny_model_dir, tokenizer=None)
     assert time.monotonic() - started < 60
+    log = Path(str(caught.value).split("its log: ")[1].split("\n")[0])
+    assert "No module named 'vllm'" in log.read_text()  # the log stays for reading afterwards
+    assert set(Path(tempfile.gettempdir()).glob("strop-vllm-*")) <= before  # the engine's scratch folder does not
 
 
 def test_auto_takes_strops_engine_on_a_cpu(monkeypatch):
@@ -211,3 +216,50 @@ def test_auto_takes_strops_engine_on_a_cpu(monkeypatch):
         assert resolve_sampler("auto") == "strop"
     monkeypatch.setenv("STROP_SAMPLER", "vllm")
     assert resolve_sampler("auto") == "vllm" and resolve_sampler("strop") == "strop"
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@needs_vllm
+def test_strop_train_samples_with_vllm_and_a_killed_engine_leaves_a_resumable_run(tiny32, tmp_path):
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-c", "import sys; from strop.cli.main import main; sys.exit(main(sys.argv[1:]))",
+            "train", "--sampler", "vllm", "--base-model", str(tiny32), "--dataset", "synthetic:add", "--steps", "8",
+            "--group-size", "2", "--batch-size", "2", "--max-tokens", "4", "--rank", "4", "--save-every", "1",
+            "--run-dir", str(run_dir), "--quiet", "-o", "json"]
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and first.poll() is None and \
+            (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    workers = [pid for pid in _children(first.pid)
+               if "vllm_worker.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
+    assert first.poll() is None and len(workers) == 1, first.communicate()
+    os.kill(workers[0], signal.SIGKILL)
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 1, (out, err)
+    assert "strop: error: the vLLM engine process exited (exit code -9, killed by SIGKILL)" in err
+    assert str(run_dir / "vllm-engine.log") in err  # the engine's log is in the run folder
+    engine = json.loads((run_dir / "engine.json").read_text())
+    assert engine["sampler"] == "vllm" and engine["vllmWeightSync"] == "merged" and engine["vllmVersion"]
+    done = len(metrics.read_text().splitlines())
+    assert 2 <= done < 8 and (run_dir / "checkpoints").exists()
+    # the same command again resumes from the last checkpoint and finishes the run
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert "resuming at step" in second.stderr
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(8)) and json.loads(second.stdout)["steps"] == 8

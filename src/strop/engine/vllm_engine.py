@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 
 from strop.engine.sampler import DEFAULT_MAX_TOKENS, AdapterWeights, SampleRequest, row_seed
 from strop.errors import StropError
+from strop.paths import strop_home
 from strop.types import SampledSequence, SampleResponse
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -189,18 +190,12 @@ class VllmEngine:
 
     def __init__(self, model_dir: str | Path, tokenizer=None, dtype: torch.dtype = torch.float32, max_batch: int = 64,
                  sync: str | None = None, seed: int = 0, max_model_len: int | None = None, max_lora_rank: int = 64,
-                 log_dir: str | Path | None = None, kv_cache_gb: float | None = None):
+                 log_dir: str | Path | None = None, kv_cache_gb: float | None = None, prefix_caching: bool = True):
         sync = sync or os.environ.get("STROP_VLLM_SYNC") or default_sync("cuda" if torch.cuda.is_available() else "cpu")
         if sync not in SYNC_MODES:
             raise StropError(f"unknown vLLM weight sync {sync!r}; use one of {', '.join(SYNC_MODES)}")
         self.model_dir, self.tokenizer, self.dtype, self.max_batch, self.sync = str(model_dir), tokenizer, dtype, max_batch, sync
         self.eos_ids = frozenset(_eos_ids(self.model_dir))
-        self._folder = tempfile.mkdtemp(prefix="strop-vllm-")
-        log_path = Path(log_dir or self._folder) / "vllm-engine.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        python = vllm_python()
-        self._process = _Process(python, log_path)
-        self._finalizer = weakref.finalize(self, _stop, self._process, self._folder)
         if kv_cache_gb is None:
             try:
                 kv_cache_gb = float(os.environ.get("STROP_VLLM_KV_CACHE_GB") or DEFAULT_KV_CACHE_GB)
@@ -208,16 +203,33 @@ class VllmEngine:
                 raise StropError("STROP_VLLM_KV_CACHE_GB must be a number of GiB, such as 2") from None
         if not 0 < kv_cache_gb < 1024:
             raise StropError(f"the vLLM KV cache must be between 0 and 1024 GiB, got {kv_cache_gb}")
+        python = vllm_python()
+        # the log outlives the engine (a failed start is read afterwards): the run folder, or $STROP_HOME/logs
+        log_folder = Path(log_dir) if log_dir else strop_home() / "logs"
+        log_folder.mkdir(parents=True, exist_ok=True)
+        log_path = log_folder / ("vllm-engine.log" if log_dir else f"vllm-engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+        self._folder = tempfile.mkdtemp(prefix="strop-vllm-")  # adapters on their way to the engine
+        self._process = _Process(python, log_path)
+        self._finalizer = weakref.finalize(self, _stop, self._process, self._folder)
         started = time.monotonic()
-        reply = self._process.call({"op": "init", "model": self.model_dir, "dtype": str(dtype).removeprefix("torch."),
-                                    "seed": seed, "max_batch": max_batch, "sync": sync, "max_lora_rank": max_lora_rank,
-                                    "max_model_len": max_model_len, "kv_cache_bytes": int(kv_cache_gb * 2**30)},
-                                   timeout=START_TIMEOUT_S)
+        try:
+            reply = self._start(dtype, seed, max_batch, sync, max_lora_rank, max_model_len, kv_cache_gb, prefix_caching)
+        except BaseException:
+            self._finalizer()  # the process ends and the folder goes now, not when this object is collected
+            raise
         self.facts = {"sampler": "vllm", "vllmVersion": reply.get("vllm"), "vllmDevice": reply.get("device"),
-                      "vllmWeightSync": sync, "vllmPython": python, "vllmKvCacheGb": kv_cache_gb, "vllmStartSeconds": round(time.monotonic() - started, 1)}
+                      "vllmWeightSync": sync, "vllmPython": python, "vllmKvCacheGb": kv_cache_gb,
+                      "vllmStartSeconds": round(time.monotonic() - started, 1), "vllmLog": str(log_path)}
         self.vocab = int(reply.get("vocab") or 0)
         self._active: AdapterWeights | None = None
         self._saves = 0
+
+    def _start(self, dtype, seed, max_batch, sync, max_lora_rank, max_model_len, kv_cache_gb, prefix_caching) -> dict:
+        return self._process.call({"op": "init", "model": self.model_dir, "dtype": str(dtype).removeprefix("torch."),
+                                    "seed": seed, "max_batch": max_batch, "sync": sync, "max_lora_rank": max_lora_rank,
+                                    "max_model_len": max_model_len, "kv_cache_bytes": int(kv_cache_gb * 2**30),
+                                    "prefix_caching": prefix_caching},
+                                   timeout=START_TIMEOUT_S)
 
     @property
     def log_path(self) -> Path:
@@ -233,6 +245,10 @@ class VllmEngine:
 
     def close(self) -> None:
         self._finalizer()
+
+    def reset_cache(self) -> None:
+        """Forget the keys and values vLLM's prefix cache keeps (a benchmark times each run from cold)."""
+        self._process.call({"op": "reset_cache"})
 
     # ---- adapters -------------------------------------------------------------------------------------------
     def activate(self, adapter: AdapterWeights | None) -> None:
@@ -277,7 +293,8 @@ class VllmEngine:
                     ids.add(int(item))
             base = {"prompt": list(request.prompt_tokens), "max_tokens": params.max_tokens or DEFAULT_MAX_TOKENS,
                     "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
-                    "stop_strings": strings, "stop_ids": sorted(ids), "json_schema": params.json_schema}
+                    "stop_strings": strings, "stop_ids": sorted(ids), "json_schema": params.json_schema,
+                    "ignore_eos": not self.eos_ids}  # an engine told of no end-of-text token runs every row out
             if params.seed is None or params.temperature == 0:
                 wire.append({**base, "n": request.num_samples, "seed": params.seed})
                 owner.append(index)

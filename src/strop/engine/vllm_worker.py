@@ -9,12 +9,13 @@ STROP_VLLM_OUT (vLLM writes its logs to stdout and stderr, which the parent keep
 request has an "op"; each reply is {"ok": true, ...} or {"ok": false, "error": "..."}.
 
     {"op": "init", "model": DIR, "dtype": "float32", "seed": 0, "max_batch": 64, "sync": "merged" | "lora",
-     "max_lora_rank": 64, "max_model_len": N | null, "kv_cache_bytes": N | null}
+     "max_lora_rank": 64, "max_model_len": N | null, "kv_cache_bytes": N | null, "prefix_caching": true}
     {"op": "weights", "file": "A.safetensors" | null, "scaling": s, "peft_dir": DIR | null}
     {"op": "generate", "requests": [{"prompt": [ids], "n": 4, "max_tokens": 32, "temperature": 1.0, "top_k": -1,
                                      "top_p": 1.0, "seed": 7, "stop_strings": [...], "stop_ids": [...],
                                      "json_schema": "..." | null}]}
     {"op": "prompt_logprobs", "sequences": [[ids], ...]}
+    {"op": "reset_cache"}            (forget the prefix cache's keys and values)
     {"op": "close"}
 
 Weights reach the engine without a restart, one of two ways:
@@ -56,7 +57,7 @@ class Worker:
         self.dtype = getattr(torch, config.get("dtype", "float32"))
         self.sync = config.get("sync", "merged")
         kwargs = dict(model=self.model_dir, dtype=config.get("dtype", "float32"), seed=int(config.get("seed", 0)),
-                      enable_prefix_caching=True, enforce_eager=bool(config.get("enforce_eager", True)),
+                      enable_prefix_caching=bool(config.get("prefix_caching", True)), enforce_eager=bool(config.get("enforce_eager", True)),
                       max_num_seqs=int(config.get("max_batch", 64)))
         if config.get("max_model_len"):
             kwargs["max_model_len"] = int(config["max_model_len"])
@@ -177,7 +178,7 @@ class Worker:
                 top_p=float(request["top_p"]), seed=request.get("seed"),
                 stop=list(request.get("stop_strings") or []) or None,
                 stop_token_ids=list(request.get("stop_ids") or []) or None,
-                include_stop_str_in_output=True, logprobs=0, detokenize=bool(request.get("stop_strings")),
+                include_stop_str_in_output=True, logprobs=0, ignore_eos=bool(request.get("ignore_eos")), detokenize=bool(request.get("stop_strings")),
                 **extra))
             prompts.append(TokensPrompt(prompt_token_ids=list(request["prompt"])))
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
@@ -230,6 +231,8 @@ def serve(reader, writer) -> None:
                 reply = worker.generate(message)
             elif op == "prompt_logprobs":
                 reply = worker.prompt_logprobs(message)
+            elif op == "reset_cache":
+                reply = {"reset": bool(worker.llm.reset_prefix_cache())}
             else:
                 raise ValueError(f"unknown op {op!r}")
             reply["ok"] = True
