@@ -3,6 +3,7 @@ after, with an exact McNemar test on the paired outcomes.
 
     python benchmarks/learning_arithmetic.py                      # 20 steps x 8 prompts x 8 samples x <= 48 tokens
     python benchmarks/learning_arithmetic.py --steps 30 --level add-sub
+    python benchmarks/learning_arithmetic.py --sampler vllm --sampler-dtype float32   # rollouts and evaluations by vLLM
 
 The reference point (DESIGN.md): TRL GRPO on the same model and task went 29.0% -> 56.5% (p = 1e-11) in
 1,366 s. Prints reward per step, then accuracies, the discordant counts and p; the last line is a summary.
@@ -70,6 +71,9 @@ def main() -> int:
                           "bf16 units)")
     cli.add_argument("--sampler-dtype", choices=("float32", "bfloat16"),
                      help="the sampler's dtype when it should differ from --dtype's")
+    cli.add_argument("--sampler", default="auto", choices=("auto", "strop", "vllm"),
+                     help="the engine that samples rollouts and evaluations (vllm: pip install -e \".[vllm]\" or "
+                          "STROP_VLLM_PYTHON)")
     cli.add_argument("--out", type=Path, default=Path("benchmarks/out/learning_arithmetic"))
     args = cli.parse_args()
 
@@ -79,7 +83,8 @@ def main() -> int:
     print(f"{args.model}, trainer {dtype}, sampler {sampler_dtype}; CPU kernels {kernels()}", flush=True)
     t_start = time.perf_counter()
     eval_rows = held_out(args.level, args.eval_n)
-    service = strop.ServiceClient(dtype=dtype, sampler_dtype=sampler_dtype)
+    service = strop.ServiceClient(dtype=dtype, sampler_dtype=sampler_dtype, sampler=args.sampler)
+    print(f"sampler: {service.start_sampler(args.model)}", flush=True)
     renderer = renderers.get_renderer(model_info.get_recommended_renderer_name(args.model),
                                       strop.tokenizer_utils.get_tokenizer(args.model))
 
@@ -100,7 +105,8 @@ def main() -> int:
     train_s = time.perf_counter() - t0
     for row in result.metrics:
         print(f"step {row['step']:3d}  reward {row['reward']:.3f}  zeroVarianceGroups {row['zeroVarianceGroups']:.2f}  "
-              f"length {row['completionLength']:5.1f}  kl {row['klSampleTrain']:+.4f}  {row['stepSeconds']:5.1f} s "
+              f"length {row['completionLength']:5.1f}  kl {row['klSampleTrain'] or 0:+.4f} (max {row['klSampleTrainMax'] or 0:.3f}, "
+              f"outside [0.5, 2] {row['samplerRatioOutside'] or 0:.4f})  {row['stepSeconds']:5.1f} s "
               f"(sample {row['sampleSeconds']:.1f}, train {row['trainSeconds']:.1f})")
 
     tuned = service.create_sampling_client(base_model=args.model, model_path=str(result.final_adapter))
@@ -115,7 +121,7 @@ def main() -> int:
     print(f"after:  {sum(after)}/{len(after)} = {acc_after:.1%} ({eval_after_s:.0f} s)")
     print(f"discordant pairs: {b} right->wrong, {c} wrong->right; exact McNemar p = {p:.3g}")
     print(f"training {train_s:.0f} s for {args.steps} steps ({train_s / args.steps:.1f} s/step); total {total_s:.0f} s")
-    summary = {"model": args.model, "dtype": dtype, "sampler_dtype": sampler_dtype, "kernels": kernels(), "level": args.level, "steps": args.steps, "eval_n": len(eval_rows),
+    summary = {"model": args.model, "dtype": dtype, "sampler_dtype": sampler_dtype, "sampler": service.backend.sampler_facts(), "kernels": kernels(), "level": args.level, "steps": args.steps, "eval_n": len(eval_rows),
                "acc_before": acc_before, "acc_after": acc_after, "mcnemar_b": b, "mcnemar_c": c, "p": p,
                "train_seconds": train_s, "total_seconds": total_s}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -146,6 +146,23 @@ def test_seeds_stops_and_lengths_are_honoured(engines, tok):
 
 
 @needs_vllm
+def test_a_json_schema_holds_the_output_to_it(engines, tok):
+    vllm, _ = engines
+    vllm.activate(None)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    [response] = vllm.generate([SampleRequest(_prompt(tok), 2, SamplingParams(max_tokens=48, seed=4,
+                                                                               json_schema=schema))])
+    for sequence in response.sequences:  # the random model writes nonsense, but only nonsense the schema allows
+        text = tok.decode(sequence.tokens, skip_special_tokens=True)
+        if sequence.stop_reason == "stop":
+            value = json.loads(text)
+            assert set(value) == {"n"} and isinstance(value["n"], int)
+        else:
+            assert text.lstrip().startswith("{")
+
+
+@needs_vllm
 def test_the_lora_request_sync_samples_what_the_merged_one_does(engines, tiny32, tok):
     merged, _ = engines
     adapter = _adapter(tiny32, 3)
