@@ -280,3 +280,28 @@ def test_strop_train_samples_with_vllm_and_a_killed_engine_leaves_a_resumable_ru
     assert "resuming at step" in second.stderr
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == list(range(8)) and json.loads(second.stdout)["steps"] == 8
+
+
+def test_a_broken_torchvision_beside_vllm_is_hidden_so_transformers_still_loads(tmp_path, monkeypatch):
+    """The [vllm] extra brings PyPI's torchvision, which fails against the CPU torch; strop hides it, and only then."""
+    import importlib.util
+
+    from strop.vision_guard import hide_broken_vision_packages
+    fake = tmp_path / "torchvision"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: real_find_spec(name, *a) if name != "vllm" else None)
+    assert hide_broken_vision_packages() == [] and "torchvision" not in sys.modules  # no vLLM here: left alone
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    try:
+        assert "torchvision" in hide_broken_vision_packages()
+        with pytest.raises(ImportError):
+            import torchvision  # noqa: F401
+        assert importlib.util.find_spec("torchvision") is None or sys.modules["torchvision"] is None
+    finally:
+        for name in ("torchvision", "torchaudio", "torchcodec"):
+            sys.modules.pop(name, None)

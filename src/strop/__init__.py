@@ -13,6 +13,9 @@ Tinker-style primitives, so a loop written for Tinker runs with its imports chan
 import importlib
 
 from strop.errors import StropError
+from strop.vision_guard import hide_broken_vision_packages
+
+hide_broken_vision_packages()  # before transformers is imported: see strop.vision_guard
 
 __version__ = "0.1.0"
 
