@@ -305,3 +305,19 @@ def test_a_broken_torchvision_beside_vllm_is_hidden_so_transformers_still_loads(
     finally:
         for name in ("torchvision", "torchaudio", "torchcodec"):
             sys.modules.pop(name, None)
+
+
+@needs_vllm
+def test_quickstart_with_the_vllm_sampler_trains_and_evaluates_through_vllm(tiny32, tmp_path):
+    home, out = tmp_path / "home", tmp_path / "out"
+    argv = [sys.executable, "-c", "import sys; from strop.cli.main import main; sys.exit(main(sys.argv[1:]))",
+            "quickstart", "--base-model", str(tiny32), "--dataset", "synthetic:add", "--steps", "2", "--eval-n", "4",
+            "--group-size", "2", "--batch-size", "2", "--max-tokens", "6", "--sampler", "vllm", "--out", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "STROP_HOME": str(home)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    [engine] = [json.loads(p.read_text()) for p in (home / "runs").glob("*/engine.json")]
+    assert engine["sampler"] == "vllm" and engine["vllmWeightSync"] == "merged"
+    # the baseline and tuned evaluations (background workers) sampled through vLLM too: their engines' logs
+    logs = list((home / "logs").glob("vllm-engine-*.log"))
+    assert len(logs) >= 2 and all("Loading weights took" in log.read_text() for log in logs)
