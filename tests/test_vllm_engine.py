@@ -120,6 +120,25 @@ def test_switching_adapters_changes_samples_and_the_base_comes_back(engines, tok
 
 
 @needs_vllm
+def test_an_adapter_that_does_not_fit_is_refused_and_changes_nothing(engines, tok, tiny32):
+    from strop.engine.sampler import AdapterWeights
+    vllm, _ = engines
+    greedy = [SampleRequest(_prompt(tok), 1, SamplingParams(max_tokens=8, temperature=0))]
+    good = _adapter(tiny32, 1)
+    vllm.activate(good)
+    before = vllm.generate(greedy)[0].sequences[0].tokens
+    other = _adapter(tiny32, 2)  # a different adapter, one of whose modules (the last) does not fit the model
+    deltas = dict(other.deltas)
+    name = sorted(deltas)[-1]
+    lora_a, lora_b = deltas[name]
+    deltas[name] = (torch.zeros(lora_a.shape[0], lora_a.shape[1] + 3), lora_b)
+    with pytest.raises(VllmEngineError, match="does not fit"):
+        vllm.activate(AdapterWeights(deltas=deltas, scaling=other.scaling))
+    assert vllm.generate(greedy)[0].sequences[0].tokens == before  # every layer still holds the good adapter
+    vllm.activate(None)
+
+
+@needs_vllm
 def test_seeds_stops_and_lengths_are_honoured(engines, tok):
     vllm, _ = engines
     vllm.activate(None)

@@ -194,7 +194,8 @@ class VllmEngine:
         sync = sync or os.environ.get("STROP_VLLM_SYNC") or default_sync("cuda" if torch.cuda.is_available() else "cpu")
         if sync not in SYNC_MODES:
             raise StropError(f"unknown vLLM weight sync {sync!r}; use one of {', '.join(SYNC_MODES)}")
-        self.model_dir, self.tokenizer, self.dtype, self.max_batch, self.sync = str(model_dir), tokenizer, dtype, max_batch, sync
+        self.model_dir, self.tokenizer, self.dtype = str(model_dir), tokenizer, dtype
+        self.max_batch, self.sync = max_batch, sync
         self.eos_ids = frozenset(_eos_ids(self.model_dir))
         if kv_cache_gb is None:
             try:
@@ -207,7 +208,8 @@ class VllmEngine:
         # the log outlives the engine (a failed start is read afterwards): the run folder, or $STROP_HOME/logs
         log_folder = Path(log_dir) if log_dir else strop_home() / "logs"
         log_folder.mkdir(parents=True, exist_ok=True)
-        log_path = log_folder / ("vllm-engine.log" if log_dir else f"vllm-engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        log_path = log_folder / ("vllm-engine.log" if log_dir else f"vllm-engine-{stamp}.log")
         self._folder = tempfile.mkdtemp(prefix="strop-vllm-")  # adapters on their way to the engine
         self._process = _Process(python, log_path)
         self._finalizer = weakref.finalize(self, _stop, self._process, self._folder)
@@ -315,7 +317,8 @@ class VllmEngine:
             self._check_tokens(sequence)
         results: list[list[float | None]] = []
         for start in range(0, len(sequences), 256):
-            results.extend(self._process.call({"op": "prompt_logprobs", "sequences": sequences[start:start + 256]})["logprobs"])
+            reply = self._process.call({"op": "prompt_logprobs", "sequences": sequences[start:start + 256]})
+            results.extend(reply["logprobs"])
         return results
 
     def _check_tokens(self, tokens: list[int]) -> None:

@@ -57,7 +57,8 @@ class Worker:
         self.dtype = getattr(torch, config.get("dtype", "float32"))
         self.sync = config.get("sync", "merged")
         kwargs = dict(model=self.model_dir, dtype=config.get("dtype", "float32"), seed=int(config.get("seed", 0)),
-                      enable_prefix_caching=bool(config.get("prefix_caching", True)), enforce_eager=bool(config.get("enforce_eager", True)),
+                      enable_prefix_caching=bool(config.get("prefix_caching", True)),
+                      enforce_eager=bool(config.get("enforce_eager", True)),
                       max_num_seqs=int(config.get("max_batch", 64)))
         if config.get("max_model_len"):
             kwargs["max_model_len"] = int(config["max_model_len"])
@@ -96,21 +97,22 @@ class Worker:
     def _merge(self, model, factors: dict, scaling: float) -> int:
         modules = dict(model.named_modules())
         packed = getattr(model, "packed_modules_mapping", {}) or {}
-        # each HF module name -> (vLLM layer name, row offset, rows)
+        # vLLM layer name -> the (row offset, delta) of each adapted module it holds (q, k, v share qkv_proj);
+        # every delta is placed and checked before any layer changes, so a bad adapter leaves the weights as they were
         targets: dict[str, list[tuple[int, torch.Tensor]]] = {}
         for name, parts in factors.items():
             layer_name, offset = self._locate(name, modules, packed)
             delta = (parts["lora_B"].float() @ parts["lora_A"].float()) * scaling
+            base = self._base_weight(layer_name, modules[layer_name], packed)
+            if delta.shape[1] != base.shape[1] or offset + delta.shape[0] > base.shape[0]:
+                raise ValueError(f"adapter delta {tuple(delta.shape)} for {name} does not fit {layer_name} "
+                                 f"{tuple(base.shape)} at row {offset}")
             targets.setdefault(layer_name, []).append((offset, delta))
         for layer_name in set(self.merged) | set(targets):
-            layer = modules[layer_name]
-            weight = self._base_weight(layer_name, layer, packed).clone()
+            weight = self._base_weight(layer_name, modules[layer_name], packed).clone()
             for offset, delta in targets.get(layer_name, ()):
-                if delta.shape[1] != weight.shape[1] or offset + delta.shape[0] > weight.shape[0]:
-                    raise ValueError(f"adapter delta {tuple(delta.shape)} does not fit {layer_name} "
-                                     f"{tuple(weight.shape)} at row {offset}")
                 weight[offset:offset + delta.shape[0]] += delta
-            self._install(layer, weight.to(self.dtype))
+            self._install(modules[layer_name], weight.to(self.dtype))
         self.merged = set(targets)
         return len(targets)
 
@@ -130,7 +132,8 @@ class Worker:
                 if len(sizes) != len(members):
                     raise ValueError(f"cannot place {name} inside {layer_name}: output sizes {sizes}")
                 return layer_name, sum(sizes[:index])
-        raise KeyError(f"adapter targets module {name!r}, which vLLM's model of {type(next(iter(modules.values()))).__name__} does not have")
+        model = type(modules[""]).__name__
+        raise KeyError(f"adapter targets module {name!r}, which vLLM's {model} does not have")
 
     def _base_weight(self, layer_name: str, layer, packed: dict) -> torch.Tensor:
         if layer_name not in self.base:
@@ -178,7 +181,8 @@ class Worker:
                 top_p=float(request["top_p"]), seed=request.get("seed"),
                 stop=list(request.get("stop_strings") or []) or None,
                 stop_token_ids=list(request.get("stop_ids") or []) or None,
-                include_stop_str_in_output=True, logprobs=0, ignore_eos=bool(request.get("ignore_eos")), detokenize=bool(request.get("stop_strings")),
+                include_stop_str_in_output=True, logprobs=0, ignore_eos=bool(request.get("ignore_eos")),
+                detokenize=bool(request.get("stop_strings")),
                 **extra))
             prompts.append(TokensPrompt(prompt_token_ids=list(request["prompt"])))
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)

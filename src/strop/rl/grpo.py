@@ -150,11 +150,13 @@ def _run_grpo(config: GRPOConfig, run_dir: Path, sandbox, *, service, progress, 
 def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, service, progress, announce,
            on_eval) -> RunResult:
     if service is not None:
-        return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce, on_eval=on_eval)
+        return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce,
+                         on_eval=on_eval)
     service = ServiceClient(dtype=config.dtype, sampler=config.sampler,
                             sampler_options={"log_dir": str(run_dir)})  # a vLLM engine logs into the run folder
     try:
-        return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce, on_eval=on_eval)
+        return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce,
+                         on_eval=on_eval)
     finally:
         service.close()  # a vLLM engine's process ends with the run
 
