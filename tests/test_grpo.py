@@ -193,3 +193,26 @@ def test_without_max_steps_epochs_passes_are_made_and_a_short_last_batch_is_kept
     assert count_steps(10, config) == (6, 2)
     batches = StepBatches(10, config)
     assert [len(batches[s]) for s in range(6)] == [4, 4, 2, 4, 4, 2]
+
+
+def test_off_policy_steps_sample_ahead_under_older_weights(tiny_model_dir, varied_bundle, tmp_path):
+    """maxOffPolicySteps k: step s trains on rollouts sampled before the last k updates, with the step's own seed;
+    the sampler's logprobs then differ from the trainer's, and the importance weights see it."""
+    on = run_grpo(tiny_config(tiny_model_dir, varied_bundle, max_steps=4, save_every=4), tmp_path / "on",
+                  progress=False)
+    one = run_grpo(tiny_config(tiny_model_dir, varied_bundle, max_steps=4, save_every=4, max_off_policy_steps=1),
+                   tmp_path / "one", progress=False)
+    two = run_grpo(tiny_config(tiny_model_dir, varied_bundle, max_steps=4, save_every=4, max_off_policy_steps=2),
+                   tmp_path / "two", progress=False)
+    assert [m["offPolicySteps"] for m in one.metrics] == [0, 1, 1, 1]
+    assert [m["offPolicySteps"] for m in two.metrics] == [0, 1, 2, 2]
+    assert all(m["overlapSeconds"] >= 0 for m in one.metrics) and "offPolicySteps" not in on.metrics[0]
+
+    def completions(run, step):
+        return [r["completion"] for r in map(json.loads, (run.run_dir / "rollouts.jsonl").read_text().splitlines())
+                if r["step"] == step]
+    assert completions(one, 0) == completions(on, 0)       # step 0: the same weights either way
+    assert completions(one, 1) == completions(two, 1)      # step 1: both sampled under the initial weights ...
+    assert completions(one, 1) != completions(on, 1)       # ... which the on-policy run had already updated
+    assert all(abs(m["klSampleTrain"]) < 1e-6 for m in on.metrics)
+    assert all(abs(m["klSampleTrain"]) > 1e-4 for m in one.metrics[1:] if m["datums"])

@@ -27,6 +27,7 @@ from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.samplers import check_sampler, make_engine, resolve_sampler
 from strop.engine.trainer import LoraTrainer, SharedBase, load_adapter_weights
 from strop.engine.precision import check_dtype, engine_facts, resolve_dtype, sampler_dtype_for, torch_dtype
+from strop.cluster.settings import RaySettings
 from strop.errors import StropError
 from strop.files import check_regular
 from strop.models import CATALOG, load_tokenizer, resolve_model
@@ -100,11 +101,14 @@ class LocalBackend:
     """Loads base models once per process and keeps one sampler engine per base model."""
 
     def __init__(self, dtype: str = "auto", max_batch: int = 64, sampler_dtype: str | None = None,
-                 sampler: str | None = "auto", sampler_options: dict | None = None):
+                 sampler: str | None = "auto", sampler_options: dict | None = None, ray: dict | None = None):
         self.dtype = resolve_dtype(dtype)  # what the trainers compute in, named once for the whole process
         self.sampler_dtype = torch_dtype(sampler_dtype or sampler_dtype_for(dtype))
         self.sampler = resolve_sampler(sampler)  # which engine samples: "strop" or "vllm"
         self.sampler_options = dict(sampler_options or {})
+        # on Ray, each replica decides `auto` (sampler and dtype) for the hardware it runs on
+        self._choices = {"sampler": sampler or "auto", "dtype": sampler_dtype or dtype}
+        self.ray = RaySettings.from_spec(ray)
         self.max_batch = max_batch
         self._queues: dict[str, _SampleQueue] = {}
         self._bases: dict[tuple[str, torch.dtype], SharedBase] = {}
@@ -132,6 +136,12 @@ class LocalBackend:
             # a vLLM engine whose process died: its step failed with the cause; the next request starts another
             self._queues.pop(path).engine.close()
             queue = None
+        if queue is None and self.ray is not None:
+            from strop.cluster.samplers import RaySamplerEngine  # lazy: Ray is an extra
+            engine = RaySamplerEngine(base_model, path, settings=self.ray, sampler=self._choices["sampler"],
+                                      dtype=self._choices["dtype"], max_batch=self.max_batch,
+                                      options=self.sampler_options)
+            queue = self._queues[path] = _SampleQueue(engine)
         if queue is None:
             options = self.sampler_options if self.sampler == "vllm" else {}  # the vLLM engine's settings
             engine = make_engine(self.sampler, path, tokenizer=self.tokenizer(base_model), dtype=self.sampler_dtype,
@@ -256,12 +266,14 @@ class ServiceClient:
 
     def __init__(self, backend: str = "local", dtype: str = "auto", max_batch: int = 64,
                  sampler_dtype: str | None = None, sampler: str = "auto", sampler_options: dict | None = None,
-                 **_ignored):
+                 ray: dict | None = None, **_ignored):
         """`dtype`: what training and sampling compute in: "auto" (training in bfloat16 where the hardware has
         bf16 units, float32 elsewhere; sampling in float32 on a CPU: strop.engine.precision), "float32" or
         "bfloat16" (both); `sampler_dtype` overrides it for the sampler alone. LoRA weights, logprobs and losses
         are float32 either way. `sampler`: which engine samples, "auto" (strop.engine.samplers), "strop" or
-        "vllm" (`pip install -e ".[vllm]"`); `sampler_options` go to that engine (vLLM: sync="merged"|"lora")."""
+        "vllm" (`pip install -e ".[vllm]"`); `sampler_options` go to that engine (vLLM: sync="merged"|"lora").
+        `ray`: {"address": "auto" | "HOST:PORT", "samplers": N} samples on N replicas on that Ray cluster
+        (strop.cluster; `pip install -e ".[ray]"`), training staying in this process."""
         if backend != "local":
             raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
         check_dtype(dtype)
@@ -269,7 +281,7 @@ class ServiceClient:
         if sampler_dtype is not None:
             check_dtype(sampler_dtype, what="sampler_dtype")
         self.backend = LocalBackend(dtype=dtype, max_batch=max_batch, sampler_dtype=sampler_dtype, sampler=sampler,
-                                    sampler_options=sampler_options)
+                                    sampler_options=sampler_options, ray=ray)
 
     @property
     def dtype(self) -> str:

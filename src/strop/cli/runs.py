@@ -33,6 +33,11 @@ def register(nouns) -> None:
     start = verb("start", "validate, admit and start a run (prints its runId)",
                  "RUN=$(strop runs start -f run.json -o json --jq .runId)", _start, run_arg=False)
     start.add_argument("-f", "--file", required=True, help="the run descriptor (JSON)")
+    start.add_argument("--ray-address", metavar="auto|HOST:PORT",
+                       help="run its sampler replicas and environment workers on this Ray cluster (sets "
+                            "execution.ray.address; the descriptor's samplers and envWorkers are kept, else 1 "
+                            "replica and environments in the trainer's process). \"auto\": the cluster "
+                            "`ray start --head` started on this machine. Needs pip install -e \".[ray]\"")
     start.add_argument("--dry-run", action="store_true",
                        help="validate and check admission only, and say how many steps and passes over the rows the "
                             "run would make (maxSteps is the number of steps, the rows reshuffled each pass until it "
@@ -74,6 +79,20 @@ def _show(r: dict) -> str:
         lines.append(f"environment: {pinned['environment']['name']} ({pinned['environment']['split']})")
     for term in pinned.get("terms", []):
         lines.append(f"reward term {term['name']}: {term.get('bundle') or term.get('builtin')} x {term['weight']}")
+    cluster = r.get("cluster")
+    if cluster:
+        ray = cluster.get("rayCluster") or {}
+        nodes = ray.get("nodes") or []
+        lines.append(f"Ray cluster: {ray.get('address')} (Ray {ray.get('rayVersion')}, {len(nodes)} node"
+                     f"{'s' if len(nodes) != 1 else ''}, {ray.get('cpus', 0):g} CPUs, {ray.get('gpus', 0):g} GPUs)")
+        replicas = cluster.get("samplerReplicas") or []
+        if replicas:
+            lines.append(f"{len(replicas)} sampler replica{'s' if len(replicas) != 1 else ''}: " + ", ".join(
+                f"{r.get('sampler')} on node {r.get('node')} (pid {r.get('pid')})" for r in replicas))
+        workers = cluster.get("envWorkers") or []
+        if workers:
+            lines.append(f"{len(workers)} environment worker{'s' if len(workers) != 1 else ''}: " + ", ".join(
+                f"{w.get('environments')} environments (pid {w.get('pid')})" for w in workers))
     if r.get("evaluations"):
         lines.append(f"evaluations: {', '.join(r['evaluations'])}")
     if r.get("workerPid"):
@@ -109,7 +128,7 @@ def _plan(pinned: dict) -> str:
 def _start(args) -> int:
     # lazy: strop.control.runs pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control import runs
-    result = runs.start(args.file, dry_run=args.dry_run)
+    result = runs.start(args.file, dry_run=args.dry_run, ray_address=args.ray_address)
     if args.dry_run:
         emit(args, result, lambda r: "descriptor is valid and admissible: " + (
             f"dataset {r['pinned']['dataset']['ref']}, {len(r['pinned']['terms'])} reward term(s)" if "dataset" in r["pinned"]

@@ -85,6 +85,13 @@ def register(nouns) -> None:
                    help="which engine samples the rollouts: strop (its own decoder), vllm (pip install -e \".[vllm]\", "
                         "or STROP_VLLM_PYTHON naming a Python that has it) or auto (default: vLLM on a CUDA GPU where "
                         "installed, strop's decoder elsewhere, the faster on a CPU). STROP_SAMPLER sets the default")
+    p.add_argument("--ray-address", metavar="auto|HOST:PORT",
+                   help="sample on replicas on this Ray cluster (pip install -e \".[ray]\"); \"auto\": the cluster "
+                        "`ray start --head` started on this machine. Training stays in this process")
+    p.add_argument("--samplers", type=int, help="sampler replicas on the Ray cluster (default: 1; needs --ray-address)")
+    p.add_argument("--max-off-policy-steps", type=int,
+                   help="sample up to N steps ahead while the trainer updates, on rollouts at most N updates old "
+                        "(default: 0, every step samples with the weights it trains)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_output_flags(p)
     p.set_defaults(handler=run)
@@ -101,7 +108,9 @@ FLAG_FIELDS = {"--base-model": "base_model", "--dataset": "dataset", "--limit": 
                "--question-suffix": "question_suffix", "--save-every": "save_every",
                "--keep-adapters": "keep_adapters", "--seed": "seed", "--init-adapter": "init_adapter",
                "--dtype": "dtype", "--rollout-correction": "rollout_correction",
-               "--rollout-correction-cap": "rollout_correction_cap", "--sampler": "sampler"}
+               "--rollout-correction-cap": "rollout_correction_cap", "--sampler": "sampler",
+               "--max-off-policy-steps": "max_off_policy_steps"}
+RAY_FLAGS = "--ray-address/--samplers"
 
 
 def config_values(args, rewards: list[dict]) -> dict:
@@ -109,6 +118,10 @@ def config_values(args, rewards: list[dict]) -> dict:
     values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in FLAG_FIELDS.items()}
     if values["init_adapter"]:  # absolute, so a resumed run finds it wherever it is started from
         values["init_adapter"] = str(Path(values["init_adapter"]).resolve())
+    if args.ray_address is not None or args.samplers is not None:
+        if args.ray_address is None:
+            raise StropError("--samplers places sampler replicas on a Ray cluster: give --ray-address too")
+        values["ray"] = {"address": args.ray_address, "samplers": 1 if args.samplers is None else args.samplers}
     return {**{k: v for k, v in values.items() if v is not None}, "reward_terms": rewards}
 
 
@@ -119,6 +132,8 @@ def flag_problems(args, rewards: list[dict]) -> list[str]:
     for name, problem in GRPOConfig.problems_of(config_values(args, rewards)):
         if name in flags:
             problems.append(f"{flags[name]} ({name}): {problem}")
+        elif name == "ray":
+            problems.append(f"{RAY_FLAGS}: {problem}")
         elif name.startswith("reward_terms[") and args.reward:
             spec = args.reward[int(name[len("reward_terms["):name.index("]")])]
             problems.append(f"--reward {spec[:80]!r}: the weight {problem}")
@@ -141,7 +156,7 @@ def parse_reward(spec: str) -> dict:
 # flags only GRPO reads: refused with --method sft when set to anything but their default
 GRPO_ONLY = ("--limit", "--reward", "--group-size", "--max-tokens", "--temperature", "--kl-beta", "--loss",
              "--scale-by-std", "--system-prompt", "--question-suffix", "--rollout-correction",
-             "--rollout-correction-cap", "--sampler")
+             "--rollout-correction-cap", "--sampler", "--ray-address", "--samplers", "--max-off-policy-steps")
 
 
 def run(args) -> int:

@@ -42,6 +42,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstr
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from strop.cluster.settings import ADDRESS_HELP, address_ok
 from strop.errors import StropError
 from strop.files import FileKindError, open_regular
 from strop.names import escape_hidden, label_problem, registry_name_problem, registry_ref_problem
@@ -234,6 +235,13 @@ class RunConfig(_Strict):
         accepts='{"mode": "off" | "tis", "cap": 2.0}: weigh each token by min(p_train / p_sampler, cap)')
 
 
+class RaySpec(_Strict):
+    address: Annotated[str, _checked(lambda v: None if address_ok(v) else "a host and a port, joined by ':'")] = _field(
+        "auto", accepts=ADDRESS_HELP)
+    samplers: int = _limited("ray_samplers", 1)
+    env_workers: int = _limited("ray_env_workers", 0)
+
+
 class ExecutionSpec(_Strict):
     gpus: int = _limited("gpus")
     save_every: int = _limited("save_every")
@@ -243,6 +251,10 @@ class ExecutionSpec(_Strict):
     sampler: Literal["auto", "strop", "vllm"] = _field(
         "auto", accepts='"strop" (strop\'s own decoder), "vllm" (vLLM: pip install -e ".[vllm]") or "auto" (vLLM on '
                         'a CUDA GPU where installed, else strop)')
+    ray: RaySpec | None = _field(None, accepts='{"address": "auto" | "HOST:PORT", "samplers": N, "envWorkers": N} to '
+                                              'place sampler replicas and environment workers on a Ray cluster '
+                                              '(pip install -e ".[ray]"), or null: everything in one process')
+    max_off_policy_steps: int = _limited("max_off_policy_steps", 0)
 
 
 class RunDescriptor(_Strict):

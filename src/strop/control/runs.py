@@ -13,6 +13,7 @@ that dies without saying so is noticed the next time anyone reads the run: it is
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -23,12 +24,15 @@ from pathlib import Path
 from sqlalchemy import select
 
 from strop import model_info
+from strop.cluster.connect import reachable
+from strop.cluster.settings import ADDRESS_HELP, address_ok
 from strop.control import base_models, processes, projects, registry
-from strop.control.descriptor import SAMPLING_ONLY, RunDescriptor, load_descriptor
+from strop.control.descriptor import SAMPLING_ONLY, RaySpec, RunDescriptor, load_descriptor
 from strop.data import load_rows
 from strop.engine.resources import MemoryRefused
 from strop.envs import env_kind, find_env_module, get_env
 from strop.errors import StropError
+from strop.files import open_regular
 from strop.paths import runs_dir
 from strop.rl.config import plan_steps
 from strop.scoring import confine
@@ -62,6 +66,12 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
         pinned["baseModel"] = pin_base_model(descriptor.base_model)
     except StropError as exc:
         problems.append(f"$.baseModel: {exc}")
+    if descriptor.execution.ray is not None:
+        pinned["ray"] = descriptor.execution.ray.model_dump(by_alias=True)
+        try:
+            reachable(descriptor.execution.ray.address)  # seconds, where joining a wrong address would hang
+        except StropError as exc:
+            problems.append(f"$.execution.ray.address: {exc}")
     if descriptor.config.environment is not None:
         env = descriptor.config.environment
         pinned["environment"] = {"name": env.name, "options": dict(env.options), "split": env.split}
@@ -201,8 +211,12 @@ def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
     return []
 
 
-def start(descriptor_path: str | Path, *, dry_run: bool = False) -> dict:
+def start(descriptor_path: str | Path, *, dry_run: bool = False, ray_address: str | None = None) -> dict:
+    """Validate, admit and start a run. `ray_address` places it on that Ray cluster (execution.ray.address, the
+    descriptor's samplers and envWorkers kept)."""
     descriptor = load_descriptor(descriptor_path)
+    if ray_address is not None:
+        descriptor = with_ray_address(descriptor, ray_address)
     pinned = admit(descriptor, dry_run=dry_run)
     if dry_run:
         not_checked = pinned.pop("notChecked", [])
@@ -217,6 +231,14 @@ def start(descriptor_path: str | Path, *, dry_run: bool = False) -> dict:
         run_id = run.id
     spawn_worker(run_id)
     return get(run_id)
+
+
+def with_ray_address(descriptor: RunDescriptor, address: str) -> RunDescriptor:
+    if not address_ok(address):
+        raise RunError(f"--ray-address must be {ADDRESS_HELP} (got {address[:80]!r})")
+    execution = descriptor.execution
+    ray = (execution.ray or RaySpec()).model_copy(update={"address": address})
+    return descriptor.model_copy(update={"execution": execution.model_copy(update={"ray": ray})})
 
 
 WORKER = "strop.control.worker"
@@ -288,7 +310,23 @@ def get(run_id: str) -> dict:
         run = _load(s, run_id)
         evaluations = s.scalars(select(Evaluation.id).where(Evaluation.run_id == run_id)
                                 .order_by(Evaluation.created_at)).all()
-        return _as_dict(run, s.get(Project, run.project_id).name, list(evaluations))
+        info = _as_dict(run, s.get(Project, run.project_id).name, list(evaluations))
+    info["cluster"] = cluster_used(run_id)
+    return info
+
+
+CLUSTER_KEYS = ("rayCluster", "samplerReplicas", "envWorkers")
+
+
+def cluster_used(run_id: str) -> dict | None:
+    """What a run placed on Ray and the cluster it found (from its engine.json), or None for an in-process run."""
+    try:
+        with open_regular(run_dir(run_id) / "engine.json") as f:
+            facts = json.loads(f.read(1 << 20))
+    except (OSError, ValueError, StropError):
+        return None
+    found = {k: facts[k] for k in CLUSTER_KEYS if isinstance(facts, dict) and k in facts}
+    return found or None
 
 
 def list_runs(project: str | None = None) -> list[dict]:

@@ -14,6 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 import math
 from pathlib import Path
 
+from strop.cluster.settings import RaySettings
 from strop.engine.precision import CHOICES as DTYPE_CHOICES
 from strop.engine.samplers import CHOICES as SAMPLER_CHOICES
 from strop.errors import StropError
@@ -109,6 +110,13 @@ class GRPOConfig:
     sampler: str = _help("which engine samples: auto (vLLM on a CUDA GPU where it is installed, strop's own decoder "
                          "elsewhere: the faster on a CPU), strop, or vllm (pip install -e \".[vllm]\"; "
                          "strop.engine.samplers)", "auto", descriptor="execution.sampler")
+    ray: dict | None = _help('place sampler replicas and environment workers on a Ray cluster: {"address": "auto" | '
+                             '"HOST:PORT", "samplers": N, "envWorkers": N} (strop.cluster; pip install -e ".[ray]"); '
+                             'None: everything in this process', None, descriptor="execution.ray")
+    max_off_policy_steps: int = _help("sample up to this many steps ahead while the trainer updates (0: every step "
+                                      "samples with the weights it trains): rollouts at most this many updates old, "
+                                      "their sampler logprobs correcting the update (importance sampling)", 0,
+                                      descriptor="execution.maxOffPolicySteps")
 
     def __post_init__(self):
         problems = self.validate()
@@ -160,6 +168,8 @@ class GRPOConfig:
             p.append(("dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}"))
         if self.sampler not in SAMPLER_CHOICES:
             p.append(("sampler", f"must be one of {', '.join(SAMPLER_CHOICES)}, got {self.sampler!r}"))
+        if self.ray is not None:
+            p.extend(("ray", problem) for problem in RaySettings.problems(self.ray))
         if _is_int(self.max_seq_length) and _is_int(self.max_completion_length) \
                 and self.max_seq_length <= self.max_completion_length:
             p.append(("max_seq_length", f"must exceed max_completion_length ({self.max_completion_length}) to "

@@ -147,21 +147,40 @@ def call_tool_safely(env, call: ToolCall) -> StepResult:
 
 class EnvPool:
     """One environment per episode of a step (batch x group), made once and reset for every episode. Only the
-    first is made at once (its tools and tasks size the run); `fill()` makes the rest once the run is admitted."""
+    first is made at once (its tools and tasks size the run); `fill()` makes the rest once the run is admitted:
+    in this process, or, with `ray` settings naming environment workers, in worker actors on the cluster
+    (`strop.cluster.envs`; the first stays here for the tasks)."""
 
-    def __init__(self, spec: dict, size: int):
+    def __init__(self, spec: dict, size: int, ray=None):
         self.name, self.options, self.size = spec["name"], dict(spec.get("options") or {}), size
-        self.envs = [get_env(self.name, **self.options)]
+        self.first = get_env(self.name, **self.options)
+        self.envs = [self.first]
+        self.ray = ray if ray is not None and ray.env_workers else None
+        self.workers = None
 
     def fill(self) -> EnvPool:
+        if self.ray is not None:
+            if self.workers is None:
+                from strop.cluster.envs import EnvWorkers  # lazy: Ray is an extra
+                self.workers = EnvWorkers({"name": self.name, "options": self.options}, self.size, settings=self.ray)
+                self.envs = self.workers.envs
+            return self
         while len(self.envs) < self.size:
             self.envs.append(get_env(self.name, **self.options))
         return self
 
+    def facts(self) -> dict:
+        """Where the environments run, for the run's engine.json."""
+        return {"envWorkers": self.workers.facts} if self.workers is not None else {}
+
     def tasks(self, split: str, limit: int | None = None) -> list[Task]:
-        return self.envs[0].tasks(split, limit)
+        return self.first.tasks(split, limit)
 
     def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+            self.first.close()
+            return
         for env in self.envs:
             env.close()
 

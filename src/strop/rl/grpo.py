@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from strop import model_info, types
 from strop.client import ServiceClient
+from strop.cluster.settings import RaySettings
 from strop.data import Row, load_rows
 from strop.errors import StropError
 from strop.renderers import get_renderer
@@ -32,7 +33,8 @@ from strop.rl import checkpoints
 from strop.rl.config import GRPOConfig, count_steps
 from strop.rl.episodes import EnvironmentSource, EnvPool, ProblemSource, problem_messages
 from strop.rl.metrics import RunLog, read_jsonl
-from strop.rl.step import StepContext, adam_params, train_step, training_client
+from strop.rl.ahead import SampleAhead
+from strop.rl.step import StepContext, adam_params, learn_step, train_step, training_client
 from strop.scoring import terms_from_spec
 from strop.scoring.sandbox import SandboxPool
 
@@ -132,7 +134,7 @@ def _run_grpo(config: GRPOConfig, run_dir: Path, sandbox, *, service, progress, 
     # everything that can fail on bad input happens before the run folder exists: nothing half-written
     pool = None
     if config.environment:
-        pool = EnvPool(config.environment, config.batch_size * config.group_size)
+        pool = EnvPool(config.environment, config.batch_size * config.group_size, ray=RaySettings.from_spec(config.ray))
         items = pool.tasks(config.environment.get("split", "train"), config.dataset_limit)
     else:
         items = rows if rows is not None else load_rows(config.dataset, split="train", limit=config.dataset_limit,
@@ -152,7 +154,7 @@ def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, ser
     if service is not None:
         return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce,
                          on_eval=on_eval)
-    service = ServiceClient(dtype=config.dtype, sampler=config.sampler,
+    service = ServiceClient(dtype=config.dtype, sampler=config.sampler, ray=config.ray,
                             sampler_options={"log_dir": str(run_dir)})  # a vLLM engine logs into the run folder
     try:
         return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce,
@@ -173,14 +175,17 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
             check_prompt_lengths(renderer, items, config)
         source = ProblemSource(terms_from_spec(config.reward_terms, sandbox=sandbox),
                                system_prompt=config.system_prompt, question_suffix=config.question_suffix)
-    memory = plan(config, renderer, items, env=pool.envs[0] if pool is not None else None, service=service)
+    memory = plan(config, renderer, items, env=pool.first if pool is not None else None, service=service)
     training.set_micro_batch_tokens(memory["tokensPerMicroBatch"])
     base_sampler = service.create_sampling_client(base_model=config.base_model) if config.kl_beta > 0 else None
 
     start_step = checkpoints.resume(training, run_dir)
     config.save(run_dir / "config.json")
-    service.start_sampler(config.base_model)  # a vLLM that is missing or fails to start fails the run here
-    (run_dir / "engine.json").write_text(json.dumps(training.engine_facts(), indent=2))
+    service.start_sampler(config.base_model)  # a vLLM, or a Ray cluster, that is missing fails the run here
+    if pool is not None:
+        pool.fill()  # environment workers too
+    facts = {**training.engine_facts(), **(pool.facts() if pool is not None else {})}
+    (run_dir / "engine.json").write_text(json.dumps(facts, indent=2))
     if announce:
         print(f"run folder: {run_dir}" + (f" (resuming at step {start_step})" if start_step else ""), file=sys.stderr)
     batches = StepBatches(len(items), config)
@@ -188,9 +193,17 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
     ctx = StepContext(config=config, training=training, renderer=renderer, source=source, adam=adam_params(config),
                       log=log, base_sampler=base_sampler)
     bar = _progress(len(batches), start_step, progress)
+    ahead = None
+    if config.max_off_policy_steps:
+        ahead = SampleAhead(ctx, lambda step: [items[i] for i in batches[step]], len(batches),
+                            config.max_off_policy_steps)
     try:
         for step in range(start_step, len(batches)):
-            row = train_step(ctx, step, [items[i] for i in batches[step]], batches.pass_of(step)).as_row()
+            if ahead is None:
+                row = train_step(ctx, step, [items[i] for i in batches[step]], batches.pass_of(step)).as_row()
+            else:
+                sampled, waited = ahead.take(step)
+                row = learn_step(ctx, sampled, batches.pass_of(step), waited).as_row()
             log.write_step(row)
             if bar is not None:
                 bar.set_postfix(reward=f"{row['reward']:.3f}", zvg=f"{row['zeroVarianceGroups']:.2f}",
@@ -202,6 +215,8 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
             if (step + 1) % config.save_every == 0 or step + 1 == len(batches):
                 checkpoints.save(training, run_dir, step + 1, config.keep_adapters)
     finally:
+        if ahead is not None:
+            ahead.close()
         log.close()
         if bar is not None:
             bar.close()

@@ -9,7 +9,8 @@ the range and the reason:
     >>> LIMITS["group_size"].problem(10**9)
     'must be an integer from 2 to 1,024 (got 1000000000); a step holds every completion ...'
 
-Keys are GRPOConfig field names; `reward_weight` and `gpus` are the descriptor's alone.
+Keys are GRPOConfig field names; `reward_weight` and `gpus` are the descriptor's alone, `ray_samplers` and
+`ray_env_workers` the numbers of `execution.ray`.
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ LIMITS: dict[str, Limit] = {
                                                "nothing, and larger weights overflow float32 rewards"),
     "gpus": Limit(0, 1024, True, "it is the number of accelerators one run asks for; a larger count is a "
                                  "mistake"),
+    "max_off_policy_steps": Limit(0, 16, True, "rollouts more than 16 updates old describe a policy the trainer has "
+                                               "left far behind, and each step sampled ahead is held in memory"),
+    "ray_samplers": Limit(1, 256, True, "each replica is a process holding the whole model; 256 is past any "
+                                        "cluster one run should ask for"),
+    "ray_env_workers": Limit(0, 1024, True, "each worker is a process; a step has at most batchSize x groupSize "
+                                            "episodes to spread over them"),
 }
 
 

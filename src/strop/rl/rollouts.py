@@ -8,10 +8,13 @@ the evaluation of environments all go through here (the episodes: `strop.rl.epis
 
 Each turn, every episode still going renders its conversation and the replies are sampled as one batch.
 Episodes of the same group that read the same prompt (every group's first turn, and all of a dataset's) are
-one request of several samples, so the engine shares their prompt.
+one request of several samples, so the engine shares their prompt. Then every episode acts on its reply: in
+turn, or all at once when the environments are `concurrent` (they live in other processes: `strop.cluster.envs`).
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -22,6 +25,7 @@ from strop.rl.types import Rollout, RolloutGroup, Turn
 
 TURN_SEED = 1_000_033   # seeds of later turns step past every group's first-turn seed
 MEMBER_SEED = 7_919     # and of episodes that left their group's shared prompt
+MAX_CONCURRENT_CALLS = 64  # environment calls in flight at once, when the environments say they may be
 
 
 def play(sampler, renderer, groups: list[list], *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
@@ -30,7 +34,8 @@ def play(sampler, renderer, groups: list[list], *, max_tokens: int, temperature:
     for all); the groups' rollouts, in order. The request of group g's first turn is seeded `seed + g`.
     `on_turn(finished, total)`, when given, is called after every turn with the number of episodes over."""
     live = [(g, k, episode) for g, group in enumerate(groups) for k, episode in enumerate(group)]
-    messages = [episode.start() for _, _, episode in live]
+    each = _concurrently if any(getattr(getattr(e, "env", None), "concurrent", False) for _, _, e in live) else _in_turn
+    messages = each(lambda item: item[2].start(), live)
     turns: list[list[Turn]] = [[] for _ in live]
     over = [False] * len(live)
     limits = [min(e.max_turns, max_turns) if max_turns else e.max_turns for _, _, e in live]
@@ -52,6 +57,7 @@ def play(sampler, renderer, groups: list[list], *, max_tokens: int, temperature:
                                           seed=seed + g + TURN_SEED * turn + MEMBER_SEED * live[members[0]][1])
             futures.append((members, sampler.sample(prompt=prompts[members[0]], num_samples=len(members),
                                                     sampling_params=params)))
+        replies = []
         for members, future in futures:
             for i, seq in zip(members, future.result().sequences):
                 message, _ = renderer.parse_response(seq.tokens)
@@ -59,19 +65,34 @@ def play(sampler, renderer, groups: list[list], *, max_tokens: int, temperature:
                 turns[i].append(Turn(prompt=prompts[i], tokens=tuple(seq.tokens), logprobs=tuple(seq.logprobs),
                                      text=text, stop_reason=seq.stop_reason))
                 messages[i].append({"role": "assistant", "content": text})
-                observation = live[i][2].act(text)
-                if observation is None:
-                    over[i] = True
-                else:
-                    messages[i].append({"role": "tool", "content": observation})
+                replies.append((i, text))
+        observations = each(lambda reply: live[reply[0]][2].act(reply[1]), replies)
+        for (i, _), observation in zip(replies, observations):
+            if observation is None:
+                over[i] = True
+            else:
+                messages[i].append({"role": "tool", "content": observation})
         if on_turn is not None:
             on_turn(sum(over[i] or turn + 1 >= limits[i] for i in range(len(live))), len(live))
-    rollouts = [episode.finish(turns[i], messages[i]) for i, (_, _, episode) in enumerate(live)]
+    rollouts = each(lambda i: live[i][2].finish(turns[i], messages[i]), range(len(live)))
     out, at = [], 0
     for group in groups:
         out.append(tuple(rollouts[at:at + len(group)]))
         at += len(group)
     return out
+
+
+def _in_turn(fn, items) -> list:
+    return [fn(item) for item in items]
+
+
+def _concurrently(fn, items) -> list:
+    """`fn` of each item, at once: environments in other processes (`strop.cluster.envs`) wait in parallel."""
+    items = list(items)
+    if len(items) < 2:
+        return _in_turn(fn, items)
+    with ThreadPoolExecutor(max_workers=min(MAX_CONCURRENT_CALLS, len(items))) as pool:
+        return list(pool.map(fn, items))
 
 
 def turn_kl(base_sampler, rollouts) -> list[list[list[float]]]:

@@ -69,14 +69,41 @@ def step_seed(config: GRPOConfig, step: int) -> int:
     return config.seed * 1_000_003 + step * 1_009
 
 
-def train_step(ctx: StepContext, step: int, items: list, epoch: int = 0) -> StepMetrics:
+@dataclass(frozen=True)
+class Sampled:
+    """A step's rollouts: sampled under the weights as they were after `policy_step` updates."""
+
+    step: int
+    groups: list
+    seconds: float       # how long the sampling took
+    policy_step: int
+
+
+def sample_step(ctx: StepContext, step: int, items: list, sampler=None, policy_step: int | None = None) -> Sampled:
+    """Roll out `group_size` episodes of each item under `sampler` (default: the current weights). The seed is
+    the step's, so a step samples the same way whenever it is sampled."""
     config = ctx.config
     t0 = time.perf_counter()
-    sampler = ctx.training.save_weights_and_get_sampling_client()
+    sampler = sampler or ctx.training.save_weights_and_get_sampling_client()
     groups = play(sampler, ctx.renderer, ctx.source.episodes(items, config.group_size),
                   max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
                   seed=step_seed(config, step))
-    sample_seconds = time.perf_counter() - t0
+    return Sampled(step=step, groups=groups, seconds=time.perf_counter() - t0,
+                   policy_step=step if policy_step is None else policy_step)
+
+
+def train_step(ctx: StepContext, step: int, items: list, epoch: int = 0) -> StepMetrics:
+    """Sample the step's rollouts with the current weights, then learn from them."""
+    return learn_step(ctx, sample_step(ctx, step, items), epoch)
+
+
+def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float | None = None) -> StepMetrics:
+    """Score, centre, build datums and update from a step's rollouts. `waited`: how long the trainer waited for
+    them (less than their sampling time when they were sampled while an earlier step trained)."""
+    config, step, groups = ctx.config, sampled.step, sampled.groups
+    t0 = time.perf_counter()
+    sample_seconds = sampled.seconds
+    waited = sample_seconds if waited is None else waited
 
     datums, zero_var, kl_values, records = [], 0, [], []
     for g, group in enumerate(groups):
@@ -114,7 +141,7 @@ def train_step(ctx: StepContext, step: int, items: list, epoch: int = 0) -> Step
         completionLength=n_tokens / len(rollouts),
         clippedFraction=sum(t.stop_reason == "length" for t in turns) / max(1, len(turns)),
         tokensPerSecond=n_tokens / sample_seconds if sample_seconds > 0 else 0.0,
-        stepSeconds=time.perf_counter() - t0, sampleSeconds=sample_seconds, trainSeconds=train_seconds,
+        stepSeconds=time.perf_counter() - t0 + waited, sampleSeconds=sample_seconds, trainSeconds=train_seconds,
         datums=len(datums),
         klSampleTrain=fb["kl_sample_train:sum"] / trained if trained else 0.0,
         klSampleTrainMax=fb.get("kl_sample_train:max") if trained else None,
@@ -123,6 +150,8 @@ def train_step(ctx: StepContext, step: int, items: list, epoch: int = 0) -> Step
         loss=fb.get("loss:sum", 0.0), gradNorm=optim.get("grad_norm", 0.0), learningRate=config.learning_rate,
         ppoClippedFraction=fb["clipped:sum"] / trained if config.loss_fn == "ppo" and trained else None,
         klBase=statistics.fmean(kl_values) if kl_values else None,
+        offPolicySteps=step - sampled.policy_step if config.max_off_policy_steps else None,
+        overlapSeconds=max(0.0, sample_seconds - waited) if config.max_off_policy_steps else None,
         **ctx.source.metrics(rollouts))
     if ctx.log is not None:
         ctx.log.write_rollouts(records)

@@ -99,6 +99,8 @@ class StepMetrics:
     toolCallParseErrors: float | None = None   # environment episodes only
     modelTurns: float | None = None            # environment episodes only
     rubrics: dict = field(default_factory=dict)
+    offPolicySteps: int | None = None          # off-policy runs: updates between the weights that sampled and trained
+    overlapSeconds: float | None = None        # off-policy runs: sampling done while an earlier step trained (saved)
 
     def as_row(self) -> dict:
         """The JSON row: every field by its name, `reward/NAME` and `rubric/NAME` flattened, absent optionals

@@ -1,0 +1,194 @@
+"""Sampler replicas on Ray: `RaySamplerEngine` has the sampler engine's interface (activate, generate,
+prompt_logprobs), so every SamplingClient, and with it GRPO's rollouts, the KL to the base model and evaluations,
+runs on the replicas unchanged.
+
+    engine = RaySamplerEngine("strop/tiny-random", model_dir, settings=RaySettings(samplers=2), sampler="strop")
+    engine.activate(adapter)            # sent once through Ray's object store, fetched by each replica on first use
+    responses = engine.generate(requests)
+
+Each replica is an actor holding one engine (strop's decoder or vLLM, `strop.engine.samplers`). A batch of
+requests is cut into contiguous shares of about equal rows, one per replica, and the answers put back in order;
+a seeded request draws sample i with its own seed (`strop.engine.sampler.row_seed`), so the tokens do not depend
+on which replica drew them. A replica that dies mid-batch (its process killed, its node lost) has its share run
+again on another replica while Ray restarts it; only when every try fails does the step fail, before its update,
+so the run resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from strop.cluster.connect import ClusterError, check_resources, cluster_facts, connect, forwarded_env
+from strop.cluster.settings import RaySettings
+
+START_TIMEOUT_S = 900.0   # loading the model on a replica (vLLM's start included)
+RESTARTS = 3              # Ray restarts a dead replica this often; its share runs elsewhere meanwhile
+
+
+class SamplerReplica:
+    """One engine in one Ray actor (made by `RaySamplerEngine`; the class is wrapped by ray.remote there)."""
+
+    def __init__(self, base_model: str, model_dir: str, sampler: str, dtype: str, max_batch: int, options: dict):
+        # lazy: the actor's process imports the engine, the driver need not
+        import torch
+
+        from strop.engine.precision import sampler_dtype_for, torch_dtype
+        from strop.engine.samplers import make_engine, resolve_sampler
+        from strop.models import load_tokenizer, resolve_model
+
+        # another node may not have the driver's folder: it finds the model by its id (its cache, or the hub)
+        path = model_dir if Path(model_dir).is_dir() else str(resolve_model(base_model))
+        self.sampler = resolve_sampler(sampler)
+        self.engine = make_engine(self.sampler, path, tokenizer=load_tokenizer(path),
+                                  dtype=torch_dtype(sampler_dtype_for(dtype, "cuda" if torch.cuda.is_available() else "cpu")), max_batch=max_batch,
+                                  **(options if self.sampler == "vllm" else {}))
+        self.key = None
+
+    def where(self) -> dict:
+        import ray
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()[:12], "sampler": self.sampler,
+                **getattr(self.engine, "facts", {})}
+
+    def _activate(self, adapter_box: list, key) -> None:
+        if key != self.key:
+            import ray
+            adapter = adapter_box[0]
+            self.engine.activate(ray.get(adapter) if adapter is not None else None)
+            self.key = key
+
+    def generate(self, adapter_box: list, key, requests: list) -> list:
+        self._activate(adapter_box, key)
+        return self.engine.generate(requests)
+
+    def prompt_logprobs(self, adapter_box: list, key, sequences: list) -> list:
+        self._activate(adapter_box, key)
+        return self.engine.prompt_logprobs(sequences)
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+
+def shares(weights: list[int], parts: int) -> list[slice]:
+    """Contiguous slices of `weights`' indices, at most `parts`, each of about equal total weight (none empty)."""
+    total, out, start, acc = sum(weights), [], 0, 0
+    parts = max(1, min(parts, len(weights)))
+    for i, w in enumerate(weights):
+        acc += w
+        boundary = total * (len(out) + 1) / parts
+        left = len(weights) - i - 1
+        if len(out) < parts - 1 and (acc >= boundary or left == parts - 1 - len(out)):
+            out.append(slice(start, i + 1))
+            start = i + 1
+    if start < len(weights):
+        out.append(slice(start, len(weights)))
+    return out
+
+
+class RaySamplerEngine:
+    """`settings.samplers` replicas of one engine on the cluster at `settings.address`."""
+
+    def __init__(self, base_model: str, model_dir: str | Path, *, settings: RaySettings, sampler: str = "auto",
+                 dtype: str = "auto", max_batch: int = 64, options: dict | None = None):
+        self.ray = connect(settings.address)
+        gpus = 1 if self.ray.cluster_resources().get("GPU", 0) >= settings.samplers else 0
+        cpus = 0 if gpus else 1
+        check_resources(f"{settings.samplers} sampler replicas", settings.samplers * cpus, settings.samplers * gpus)
+        options = {k: v for k, v in (options or {}).items() if k != "log_dir"}  # a vLLM replica logs on its node
+        actor = self.ray.remote(SamplerReplica).options(
+            num_cpus=cpus, num_gpus=gpus, max_restarts=RESTARTS, max_task_retries=0, scheduling_strategy="SPREAD",
+            runtime_env={"env_vars": forwarded_env()})
+        self.replicas = [actor.remote(base_model, str(model_dir), sampler, dtype, max_batch, options)
+                         for _ in range(settings.samplers)]
+        self._adapter, self._box, self._key = None, [None], 0
+        self.retries = 0
+        self.closed = False
+        try:
+            placed = self._get([r.where.remote() for r in self.replicas], START_TIMEOUT_S, "start")
+        except BaseException:
+            self.close()
+            raise
+        self.facts = {"samplerReplicas": placed, "rayCluster": cluster_facts()}
+
+    @property
+    def alive(self) -> bool:
+        return not self.closed
+
+    def activate(self, adapter) -> None:
+        if adapter is self._adapter:
+            return
+        # one copy in the object store; each replica fetches it on its first request under this key
+        self._adapter, self._key = adapter, self._key + 1
+        self._box = [self.ray.put(adapter) if adapter is not None else None]
+
+    def generate(self, requests: list) -> list:
+        return self._spread("generate", requests, [r.num_samples for r in requests])
+
+    def prompt_logprobs(self, sequences: list[list[int]], max_batch_tokens: int = 8192) -> list:
+        return self._spread("prompt_logprobs", sequences, [len(s) for s in sequences])
+
+    def _spread(self, method: str, items: list, weights: list[int]) -> list:
+        if not items:
+            return []
+        parts = shares(weights, len(self.replicas))
+        calls = {i: (part, self._call(i, method, items[part])) for i, part in enumerate(parts)}
+        results: dict[int, list] = {}
+        tries = {i: 0 for i in calls}
+        while calls:
+            i, (part, ref) = next(iter(calls.items()))
+            try:
+                results[i] = self._get(ref, None, method)
+                del calls[i]
+            except ReplicaDied as died:
+                tries[i] += 1
+                if tries[i] > len(self.replicas) + RESTARTS:
+                    raise ClusterError(f"sampler replicas kept dying ({died}); the step stopped before its update: "
+                                       "run the same command again to resume from the last checkpoint") from None
+                self.retries += 1
+                other = (i + tries[i]) % len(self.replicas)  # another replica (or this one once Ray restarted it)
+                print(f"strop: a sampler replica died ({died}); its {part.stop - part.start} requests run again on "
+                      f"replica {other}", file=sys.stderr)
+                calls[i] = (part, self._call(other, method, items[part]))
+        return [out for i in sorted(results) for out in results[i]]
+
+    def _call(self, replica: int, method: str, items: list):
+        return getattr(self.replicas[replica], method).remote(self._box, self._key, items)
+
+    def _get(self, refs, timeout: float | None, what: str):
+        exceptions = self.ray.exceptions
+        try:
+            return self.ray.get(refs, timeout=timeout)
+        except exceptions.GetTimeoutError:
+            raise ClusterError(f"sampler replicas did not {what} within {timeout:g} s; `ray status` shows whether the "
+                               "cluster has room for them") from None
+        except exceptions.RayTaskError as exc:  # the engine itself refused or failed: its own error, as in-process
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise ClusterError(f"a sampler replica failed: {exc}") from None
+        except (exceptions.RayActorError, exceptions.ActorUnavailableError) as exc:
+            if what == "start":
+                raise ClusterError(f"a sampler replica could not start: {_first_line(exc)}") from None
+            raise ReplicaDied(_first_line(exc)) from None
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for replica in self.replicas:
+            try:
+                self.ray.kill(replica, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+class ReplicaDied(Exception):
+    pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]

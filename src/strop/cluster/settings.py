@@ -1,0 +1,70 @@
+"""`execution.ray` of a run descriptor: which cluster, how many sampler replicas and environment workers.
+
+    RaySettings.from_spec({"address": "10.0.0.5:6379", "samplers": 2, "envWorkers": 4})
+    RaySettings.problems({"address": "nowhere"})   # ['address: must be "auto" or HOST:PORT ...']
+
+Checking a spec imports nothing of Ray: a descriptor is validated before anything loads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from strop.errors import StropError
+from strop.rl.limits import LIMITS
+
+KEYS = ("address", "samplers", "envWorkers")
+ADDRESS_HELP = ('"auto" (the cluster `ray start --head` started on this machine) or HOST:PORT of a cluster\'s head '
+                'node (its GCS port, 6379 unless `ray start --port` said otherwise), e.g. "10.0.0.5:6379"')
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])"
+_ADDRESS = re.compile(rf"^{_HOST}:(?P<port>[0-9]{{1,5}})$")
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    address: str = "auto"
+    samplers: int = 1       # sampler replicas, one actor each
+    env_workers: int = 0    # actors holding a step's environments; 0: environments stay in the run's process
+
+    @classmethod
+    def problems(cls, spec) -> list[str]:
+        """'field: what is wrong' for each problem of a spec ({"address", "samplers", "envWorkers"})."""
+        if not isinstance(spec, dict):
+            return [f'must be an object such as {{"address": "auto", "samplers": 2, "envWorkers": 2}}, got '
+                    f"{repr(spec)[:80]}"]
+        found = [f"{key}: unknown field; known fields: {', '.join(KEYS)}" for key in spec if key not in KEYS]
+        address = spec.get("address", "auto")
+        if not isinstance(address, str) or not address_ok(address):
+            found.append(f"address: must be {ADDRESS_HELP} (got {repr(address)[:80]})")
+        for key, limit in (("samplers", "ray_samplers"), ("envWorkers", "ray_env_workers")):
+            problem = LIMITS[limit].problem(spec.get(key, getattr(cls, _ATTR[key])))
+            if problem:
+                found.append(f"{key}: {problem}")
+        return found
+
+    @classmethod
+    def from_spec(cls, spec: dict | None) -> RaySettings | None:
+        """The settings of a spec (None for None: no Ray), or StropError listing every problem."""
+        if spec is None:
+            return None
+        if isinstance(spec, RaySettings):
+            return spec
+        found = cls.problems(spec)
+        if found:
+            raise StropError("execution.ray:\n  " + "\n  ".join(found))
+        return cls(address=spec.get("address", "auto"), samplers=spec.get("samplers", 1),
+                   env_workers=spec.get("envWorkers", 0))
+
+    def to_spec(self) -> dict:
+        return {"address": self.address, "samplers": self.samplers, "envWorkers": self.env_workers}
+
+
+_ATTR = {"samplers": "samplers", "envWorkers": "env_workers"}
+
+
+def address_ok(address: str) -> bool:
+    if address == "auto":
+        return True
+    match = _ADDRESS.match(address)
+    return bool(match) and 1 <= int(match["port"]) <= 65535

@@ -1,0 +1,190 @@
+"""Runs on a real Ray cluster: a head node and a second worker node started with `ray start` on loopback
+(strop.cluster.local), sampler replicas and environment workers placed on it, compared with the same work done
+in one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from loopback import closed_port
+from strop import types
+from strop.cluster import RaySettings
+from strop.errors import StropError
+from strop.rl import GRPOConfig, run_grpo
+from strop.tool_calls import ToolCall
+from test_grpo import tiny_config, write_bundle
+
+ray = pytest.importorskip("ray", reason="the dev install has ray: pip install -e \".[dev]\"")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from strop.cluster.local import LocalCluster
+
+    with LocalCluster(nodes=2, cpus_per_node=2) as running:
+        yield running
+        ray.shutdown()  # this process drove it
+
+
+@pytest.fixture()
+def varied(tmp_path):
+    return write_bundle(tmp_path / "lengthy", "def compute_score(data_source=None, solution_str=None, ground_truth=None, "
+                                              "extra_info=None):\n    return (len(solution_str) % 7) / 7.0\n")
+
+
+def rollouts(run_dir):
+    return [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+
+
+def test_settings_are_checked_before_anything_loads():
+    assert RaySettings.problems({"address": "auto", "samplers": 2, "envWorkers": 3}) == []
+    problems = RaySettings.problems({"address": "nowhere", "samplers": 0, "envworkers": 1})
+    assert len(problems) == 3 and "HOST:PORT" in problems[1] and "known fields" in problems[0]
+    assert RaySettings.problems({"address": "10.0.0.5:70000"})  # no such port
+    with pytest.raises(StropError, match="ray: samplers: must be an integer"):
+        GRPOConfig(base_model="strop/tiny-random", ray={"address": "auto", "samplers": "2"})
+    with pytest.raises(StropError, match="max_off_policy_steps"):
+        GRPOConfig(base_model="strop/tiny-random", max_off_policy_steps=17)
+
+
+def _strop(*args, timeout=60):
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "strop.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    return done, time.monotonic() - started
+
+
+def test_a_wrong_address_is_one_clear_error_within_seconds(tiny_model_dir, tmp_path):
+    port = closed_port()
+    done, seconds = _strop("train", "--base-model", str(tiny_model_dir), "--steps", "1", "--ray-address",
+                           f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run"), "--quiet")
+    assert done.returncode == 1 and seconds < 30, (seconds, done.stderr)
+    assert f"no Ray cluster at 127.0.0.1:{port}: nothing listens there" in done.stderr
+    assert "Traceback" not in done.stderr
+
+    class Web(BaseHTTPRequestHandler):  # something listens, but it is not Ray
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    server = HTTPServer(("127.0.0.1", 0), Web)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done, seconds = _strop("train", "--base-model", str(tiny_model_dir), "--steps", "1", "--ray-address",
+                               f"127.0.0.1:{server.server_port}", "--run-dir", str(tmp_path / "run2"), "--quiet")
+    finally:
+        server.shutdown()
+    assert done.returncode == 1 and seconds < 40, (seconds, done.stderr)
+    assert "does not speak Ray's protocol" in done.stderr
+    done, _ = _strop("train", "--samplers", "2", "--steps", "1")
+    assert done.returncode == 1 and "give --ray-address too" in done.stderr
+
+
+def test_sampler_replicas_sample_what_one_process_samples(cluster, tiny_model_dir, varied, tmp_path):
+    config = tiny_config(tiny_model_dir, varied, max_steps=3, save_every=3, max_completion_length=12)
+    here = run_grpo(config, tmp_path / "here", progress=False)
+    config.ray = {"address": cluster.address, "samplers": 2}
+    there = run_grpo(config, tmp_path / "there", progress=False)
+    assert [m["reward"] for m in here.metrics] == [m["reward"] for m in there.metrics]
+    assert any(m["rewardStd"] > 0 for m in here.metrics)  # rewards that vary: a real comparison
+    assert [r["completion"] for r in rollouts(tmp_path / "here")] == [r["completion"] for r in rollouts(tmp_path / "there")]
+    for a, b in zip(here.metrics, there.metrics):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert b["klSampleTrain"] == pytest.approx(a["klSampleTrain"], abs=1e-6)
+    facts = json.loads((tmp_path / "there" / "engine.json").read_text())
+    replicas = facts["samplerReplicas"]
+    assert len(replicas) == 2 and len({r["node"] for r in replicas}) == 2  # one on each node
+    assert len(facts["rayCluster"]["nodes"]) == 2 and facts["rayCluster"]["cpus"] == 4
+
+
+def test_environment_workers_play_what_one_process_plays(cluster, tiny_model_dir, tmp_path):
+    env = {"name": "finance-sql", "options": {"seed": 0, "max_turns": 2}}
+    config = GRPOConfig(base_model=str(tiny_model_dir), environment=env, batch_size=2, group_size=2, max_steps=2,
+                        max_completion_length=10, save_every=2, seed=0)
+    here = run_grpo(config, tmp_path / "here", progress=False)
+    config.ray = {"address": cluster.address, "samplers": 2, "envWorkers": 2}
+    there = run_grpo(config, tmp_path / "there", progress=False)
+    assert [m["reward"] for m in here.metrics] == [m["reward"] for m in there.metrics]
+    assert [(r["transcript"], r["state"]) for r in rollouts(tmp_path / "here")] == \
+        [(r["transcript"], r["state"]) for r in rollouts(tmp_path / "there")]
+    facts = json.loads((tmp_path / "there" / "engine.json").read_text())
+    assert [w["environments"] for w in facts["envWorkers"]] == [2, 2]
+
+
+def test_remote_environments_answer_tool_calls_as_local_ones(cluster):
+    """Scripted episodes (the demonstrations' own tool calls) against finance-sql in a worker and here."""
+    from strop.cluster.envs import EnvWorkers
+    from strop.envs import get_env
+    from strop.envs.finance_demos import play_demonstration
+
+    local = get_env("finance-sql", seed=3)
+    workers = EnvWorkers({"name": "finance-sql", "options": {"seed": 3}}, 3, settings=RaySettings(
+        address=cluster.address, env_workers=2))
+    try:
+        assert workers.envs[0].tools() == local.tools()
+        for i, task in enumerate(local.tasks("train", limit=3)):
+            mistake = i == 1  # one episode recovers from a wrong query
+            here = play_demonstration(local, task, mistake=mistake, rng=random.Random(i))
+            there = play_demonstration(workers.envs[i], task, mistake=mistake, rng=random.Random(i))
+            assert here == there and here["reward"] > 0
+        assert workers.envs[0].step(ToolCall("no_such_tool", {})).observation.content == \
+            local.step(ToolCall("no_such_tool", {})).observation.content
+    finally:
+        workers.close()
+        local.close()
+
+
+def test_a_killed_replica_has_its_share_run_again(cluster, tiny_model_dir, capsys):
+    from strop.cluster.samplers import RaySamplerEngine
+    from strop.engine.sampler import SampleRequest, SamplerEngine
+    from strop.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    requests = [SampleRequest(prompt_tokens=[5 + i, 6, 7], num_samples=4,
+                              params=types.SamplingParams(max_tokens=200, seed=i)) for i in range(16)]
+    expected = SamplerEngine(tiny_model_dir, tokenizer=tokenizer).generate(requests)
+    engine = RaySamplerEngine(str(tiny_model_dir), tiny_model_dir, settings=RaySettings(
+        address=cluster.address, samplers=2), sampler="strop", dtype="float32")
+    try:
+        victim = engine.facts["samplerReplicas"][1]["pid"]
+        threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()  # mid-batch: it takes seconds
+        got = engine.generate(requests)
+        assert engine.retries >= 1 and "a sampler replica died" in capsys.readouterr().err
+        assert [[s.tokens for s in r.sequences] for r in got] == [[s.tokens for s in r.sequences] for r in expected]
+        again = engine.generate(requests[:4])  # Ray restarted the replica: both serve again
+        assert [[s.tokens for s in r.sequences] for r in again] == \
+            [[s.tokens for s in r.sequences] for r in expected[:4]]
+    finally:
+        engine.close()
+
+
+def test_a_run_started_on_the_cluster_records_it(cluster, workspace, capsys):  # noqa: F811
+    from test_control import descriptor, run
+
+    path = descriptor(workspace, **{"config.rlHyperparams.maxSteps": 2, "config.rlHyperparams.groupSize": 2,
+                                    "execution.ray": {"samplers": 2}})
+    code, out, err = run(capsys, "runs", "start", "-f", path, "--dry-run", "--ray-address", f"127.0.0.1:{closed_port()}")
+    assert code == 1 and "$.execution.ray.address: no Ray cluster at" in err
+    run_id = run(capsys, "runs", "start", "-f", path, "--ray-address", cluster.address, "--jq", ".runId")[1].strip()
+    code, out, _ = run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300", "-o", "json")
+    assert code == 0, out
+    info = json.loads(run(capsys, "runs", "get", run_id, "-o", "json")[1])
+    assert info["pinned"]["ray"] == {"address": cluster.address, "samplers": 2, "envWorkers": 0}
+    assert len(info["cluster"]["samplerReplicas"]) == 2 and len(info["cluster"]["rayCluster"]["nodes"]) == 2
+    shown = run(capsys, "runs", "get", run_id)[1]
+    assert "Ray cluster" in shown and "2 sampler replicas" in shown
+
+
+from test_control import home, workspace  # noqa: E402,F401 - the control-plane fixtures, shared
