@@ -187,4 +187,17 @@ def test_a_run_started_on_the_cluster_records_it(cluster, workspace, capsys):  #
     assert "Ray cluster" in shown and "2 sampler replicas" in shown
 
 
+def test_an_environment_evaluation_spreads_over_the_cluster(cluster, tiny_model_dir):
+    command = ["envs", "eval", "finance-sql", "--model", str(tiny_model_dir), "--limit", "3", "--max-tokens", "8",
+               "--splits", "eval-single", "-o", "json"]
+    here, _ = _strop(*command, timeout=300)
+    there, _ = _strop(*command, "--ray-address", cluster.address, "--samplers", "2", "--env-workers", "2", timeout=300)
+    assert here.returncode == 0 and there.returncode == 0, there.stderr
+    assert json.loads(here.stdout)["splits"] == json.loads(there.stdout)["splits"]
+    assert len(json.loads(here.stdout)["splits"]["eval-single"]["episodes"]) == 3
+    wrong, seconds = _strop("evaluations", "start", "--model", str(tiny_model_dir), "--dataset", "x/y", "--grader",
+                            "builtin:gsm8k", "--ray-address", f"127.0.0.1:{closed_port()}")
+    assert wrong.returncode == 1 and "--ray-address: no Ray cluster at" in wrong.stderr and seconds < 30
+
+
 from test_control import home, workspace  # noqa: E402,F401 - the control-plane fixtures, shared

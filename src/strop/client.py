@@ -108,7 +108,7 @@ class LocalBackend:
         self.sampler_options = dict(sampler_options or {})
         # on Ray, each replica decides `auto` (sampler and dtype) for the hardware it runs on
         self._choices = {"sampler": sampler or "auto", "dtype": sampler_dtype or dtype}
-        self.ray = RaySettings.from_spec(ray)
+        self.ray = RaySettings.from_spec(ray) if ray is not None else RaySettings.from_environment()
         self.max_batch = max_batch
         self._queues: dict[str, _SampleQueue] = {}
         self._bases: dict[tuple[str, torch.dtype], SharedBase] = {}
@@ -273,7 +273,8 @@ class ServiceClient:
         are float32 either way. `sampler`: which engine samples, "auto" (strop.engine.samplers), "strop" or
         "vllm" (`pip install -e ".[vllm]"`); `sampler_options` go to that engine (vLLM: sync="merged"|"lora").
         `ray`: {"address": "auto" | "HOST:PORT", "samplers": N} samples on N replicas on that Ray cluster
-        (strop.cluster; `pip install -e ".[ray]"`), training staying in this process."""
+        (strop.cluster; `pip install -e ".[ray]"`), training staying in this process; None: STROP_RAY_ADDRESS
+        and STROP_RAY_SAMPLERS when set (what `--ray-address` sets for a command's work), else in this process."""
         if backend != "local":
             raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
         check_dtype(dtype)

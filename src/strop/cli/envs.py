@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from strop.cli.output import add_output_flags, add_sampler_flag, emit, format_table, note
+from strop.cli.output import add_output_flags, add_ray_flags, add_sampler_flag, emit, format_table, note
 from strop.envs import get_env, list_envs
 from strop.envs.base import ToolCall
 from strop.envs.openenv_server import MAX_MESSAGE_BYTES, serve_env
@@ -60,6 +60,7 @@ def register(nouns) -> None:
                                                         "(per split: pass@1 of each, delta, exact McNemar p)")
     add_output_flags(ev)
     add_sampler_flag(ev)
+    add_ray_flags(ev, env_workers=True)
     ev.set_defaults(handler=_eval)
 
     demos = verbs.add_parser(

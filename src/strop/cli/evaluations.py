@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from strop.cli.output import add_output_flags, add_sampler_flag, emit, note
+from strop.cli.output import add_output_flags, add_ray_flags, add_sampler_flag, emit, note
 
 
 def register(nouns) -> None:
@@ -38,6 +38,7 @@ def register(nouns) -> None:
     start.add_argument("--timeout", type=float, metavar="SECONDS", dest="request_timeout",
                        help="seconds each endpoint request may take (default: 120)")
     add_sampler_flag(start)
+    add_ray_flags(start)
     add_output_flags(start)
     start.set_defaults(handler=_start)
 

@@ -51,6 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.allow_unconfined_graders:
         os.environ[ALLOW_UNCONFINED_ENV] = "1"  # the background workers this command starts inherit it
+    for flag, variable in (("ray_address", "STROP_RAY_ADDRESS"), ("samplers", "STROP_RAY_SAMPLERS"),
+                           ("env_workers", "STROP_RAY_ENV_WORKERS")):
+        if getattr(args, "ray_flags_set_environment", False) and getattr(args, flag, None) is not None:
+            os.environ[variable] = str(getattr(args, flag))  # the work this command starts, its workers too
+    if os.environ.get("STROP_RAY_ADDRESS") and getattr(args, "ray_flags_set_environment", False) \
+            and getattr(args, "ray_address", None):
+        from strop.cluster.connect import reachable  # lazy: Ray is an extra
+        from strop.cluster.settings import RaySettings
+        try:
+            RaySettings.from_environment()
+            reachable(args.ray_address)  # now, in seconds: not after a background worker has started
+        except StropError as exc:
+            print(f"strop: error: --ray-address: {exc}", file=sys.stderr)
+            return 1
     if getattr(args, "sampler", None):
         os.environ["STROP_SAMPLER"] = args.sampler  # every sampling client of this command and its workers
     try:

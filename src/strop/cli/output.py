@@ -67,6 +67,19 @@ SAMPLER_HELP = ("which engine samples a local model: strop (its own decoder), vl
                 "strop's decoder elsewhere, the faster on a CPU). Sets STROP_SAMPLER for the work this command starts")
 
 
+def add_ray_flags(parser, env_workers: bool = False) -> None:
+    """`--ray-address`, `--samplers` (and `--env-workers`): strop.cli.main puts them in STROP_RAY_ADDRESS,
+    STROP_RAY_SAMPLERS and STROP_RAY_ENV_WORKERS, which every ServiceClient (and environment pool) reads."""
+    parser.add_argument("--ray-address", metavar="auto|HOST:PORT",
+                        help="sample on replicas on this Ray cluster, each taking a share of every batch (pip install "
+                             "-e \".[ray]\"); \"auto\": the cluster `ray start --head` started on this machine")
+    parser.add_argument("--samplers", type=int, metavar="N", help="sampler replicas on the Ray cluster (default: 1)")
+    if env_workers:
+        parser.add_argument("--env-workers", type=int, metavar="N",
+                            help="environment workers on the Ray cluster (default: 0, environments in this process)")
+    parser.set_defaults(ray_flags_set_environment=True)
+
+
 def add_sampler_flag(parser) -> None:
     """`--sampler auto|strop|vllm` (strop.cli.main puts it in STROP_SAMPLER, which every ServiceClient reads)."""
     parser.add_argument("--sampler", choices=("auto", "strop", "vllm"), help=SAMPLER_HELP)

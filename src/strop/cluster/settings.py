@@ -8,6 +8,7 @@ Checking a spec imports nothing of Ray: a descriptor is validated before anythin
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from strop.errors import StropError
 from strop.rl.limits import LIMITS
 
 KEYS = ("address", "samplers", "envWorkers")
+ENV = {"address": "STROP_RAY_ADDRESS", "samplers": "STROP_RAY_SAMPLERS", "envWorkers": "STROP_RAY_ENV_WORKERS"}
 ADDRESS_HELP = ('"auto" (the cluster `ray start --head` started on this machine) or HOST:PORT of a cluster\'s head '
                 'node (its GCS port, 6379 unless `ray start --port` said otherwise), e.g. "10.0.0.5:6379"')
 _HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])"
@@ -55,6 +57,27 @@ class RaySettings:
             raise StropError("execution.ray:\n  " + "\n  ".join(found))
         return cls(address=spec.get("address", "auto"), samplers=spec.get("samplers", 1),
                    env_workers=spec.get("envWorkers", 0))
+
+    @classmethod
+    def from_environment(cls) -> RaySettings | None:
+        """The settings STROP_RAY_ADDRESS, STROP_RAY_SAMPLERS and STROP_RAY_ENV_WORKERS give (what `--ray-address`,
+        `--samplers` and `--env-workers` set for the work a command starts), or None when no address is set."""
+        address = os.environ.get(ENV["address"])
+        if not address:
+            return None
+        spec: dict = {"address": address}
+        for key in ("samplers", "envWorkers"):
+            text = os.environ.get(ENV[key])
+            if text:
+                try:
+                    spec[key] = int(text)
+                except ValueError:
+                    raise StropError(f"{ENV[key]}={text[:40]!r}: must be a whole number") from None
+        found = cls.problems(spec)
+        if found:
+            raise StropError("the Ray settings of this environment:\n  " + "\n  ".join(
+                f"{ENV[line.split(':', 1)[0]]}: {line.split(': ', 1)[1]}" for line in found))
+        return cls.from_spec(spec)
 
     def to_spec(self) -> dict:
         return {"address": self.address, "samplers": self.samplers, "envWorkers": self.env_workers}

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from strop import model_info
 from strop.client import ServiceClient
+from strop.cluster.settings import RaySettings
 from strop.envs import get_env
 from strop.envs.rubrics import rubric_metrics
 from strop.evals.openai_client import client_for, parse_openai_ref
@@ -82,7 +83,7 @@ def _local_episodes(model, env_name, options, tasks, *, adapter, max_tokens, max
     """Greedy episodes through strop's sampler: the rollout path training uses (`strop.rl.rollouts.play`)."""
     sampler = ServiceClient().create_sampling_client(base_model=model, model_path=adapter)
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
-    pool = EnvPool({"name": env_name, "options": options}, len(tasks))
+    pool = EnvPool({"name": env_name, "options": options}, len(tasks), ray=RaySettings.from_environment())
     try:
         source = EnvironmentSource(pool, max_turns=max_turns)
         groups = play(sampler, renderer, source.episodes(tasks, 1), max_tokens=max_tokens, temperature=0.0,
