@@ -92,12 +92,17 @@ def test_a_wrong_address_is_one_clear_error_within_seconds(tiny_model_dir, tmp_p
     assert done.returncode == 1 and "give --ray-address too" in done.stderr
 
 
-def test_sampler_replicas_sample_what_one_process_samples(cluster, tiny_model_dir, varied, tmp_path):
+def test_sampler_replicas_and_grader_workers_do_what_one_process_does(cluster, tiny_model_dir, varied, tmp_path):
+    broken = write_bundle(tmp_path / "broken", "def compute_score(**kw):\n    raise RuntimeError('boom')\n")
     config = tiny_config(tiny_model_dir, varied, max_steps=3, save_every=3, max_completion_length=12)
+    config.reward_terms = [*config.reward_terms, {"name": "broken", "weight": 0.0, "grader": str(broken)}]
+    config.max_reward_error_fraction = 0.9
     here = run_grpo(config, tmp_path / "here", progress=False)
-    config.ray = {"address": cluster.address, "samplers": 2}
+    config.ray = {"address": cluster.address, "samplers": 2, "envWorkers": 2}  # a dataset's environment: graders
     there = run_grpo(config, tmp_path / "there", progress=False)
     assert [m["reward"] for m in here.metrics] == [m["reward"] for m in there.metrics]
+    assert [m["rewardErrors"] for m in there.metrics] == [8, 8, 8]  # the broken grader fails there as here
+    assert [r["errors"] for r in rollouts(tmp_path / "here")] == [r["errors"] for r in rollouts(tmp_path / "there")]
     assert any(m["rewardStd"] > 0 for m in here.metrics)  # rewards that vary: a real comparison
     assert [r["completion"] for r in rollouts(tmp_path / "here")] == [r["completion"] for r in rollouts(tmp_path / "there")]
     for a, b in zip(here.metrics, there.metrics):
@@ -107,6 +112,7 @@ def test_sampler_replicas_sample_what_one_process_samples(cluster, tiny_model_di
     replicas = facts["samplerReplicas"]
     assert len(replicas) == 2 and len({r["node"] for r in replicas}) == 2  # one on each node
     assert len(facts["rayCluster"]["nodes"]) == 2 and facts["rayCluster"]["cpus"] == 4
+    assert len(facts["graderWorkers"]) == 2
 
 
 def test_environment_workers_play_what_one_process_plays(cluster, tiny_model_dir, tmp_path):

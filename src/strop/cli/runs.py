@@ -89,6 +89,10 @@ def _show(r: dict) -> str:
         if replicas:
             lines.append(f"{len(replicas)} sampler replica{'s' if len(replicas) != 1 else ''}: " + ", ".join(
                 f"{r.get('sampler')} on node {r.get('node')} (pid {r.get('pid')})" for r in replicas))
+        graders = cluster.get("graderWorkers") or []
+        if graders:
+            lines.append(f"{len(graders)} grader worker{'s' if len(graders) != 1 else ''} (pids "
+                         f"{', '.join(str(g.get('pid')) for g in graders)})")
         workers = cluster.get("envWorkers") or []
         if workers:
             lines.append(f"{len(workers)} environment worker{'s' if len(workers) != 1 else ''}: " + ", ".join(

@@ -15,8 +15,11 @@ environment errors, and a step where most fail stops before its update.
 
 from __future__ import annotations
 
+import os
+
 from strop.cluster.connect import ClusterError, check_resources, connect, forwarded_env
 from strop.cluster.settings import RaySettings
+from strop.envs.base import call_tool_safely
 
 WORKER_CPUS = 0.25  # an environment mostly waits (on SQL, on a remote server): a quarter CPU each
 START_TIMEOUT_S = 300.0
@@ -31,7 +34,6 @@ class EnvWorker:
         self.envs: dict[int, object] = {}
 
     def open(self, slots: list[int]) -> dict:
-        import os
         for slot in slots:
             self.envs[slot] = self.make()
         first = self.envs[slots[0]]
@@ -44,7 +46,6 @@ class EnvWorker:
         return self.envs[slot].reset(task)
 
     def step(self, slot: int, call):
-        from strop.rl.episodes import call_tool_safely
         return call_tool_safely(self.envs[slot], call)
 
     def state(self, slot: int) -> dict:

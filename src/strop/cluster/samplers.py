@@ -47,13 +47,13 @@ class SamplerReplica:
         self.key = None
 
     def where(self) -> dict:
-        import ray
+        import ray  # the actor's process has Ray (this class runs only there)
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()[:12], "sampler": self.sampler,
                 **getattr(self.engine, "facts", {})}
 
     def _activate(self, adapter_box: list, key) -> None:
         if key != self.key:
-            import ray
+            import ray  # the actor's process has Ray (this class runs only there)
             adapter = adapter_box[0]
             self.engine.activate(ray.get(adapter) if adapter is not None else None)
             self.key = key

@@ -91,3 +91,14 @@ class Environment(Protocol):
 
     def close(self) -> None:
         """Release what the environment holds (database connections, files)."""
+
+
+def call_tool_safely(env, call: ToolCall) -> StepResult:
+    """`env.step(call)`; an environment that raises is turned into an observation (a broken environment must
+    not kill a run, but it is counted)."""
+    try:
+        return env.step(call)
+    except Exception as exc:  # noqa: BLE001
+        reason = f"{type(exc).__name__}: {exc}"
+        return StepResult(observation=Observation(f"the environment failed: {reason}"),
+                          info={"environmentError": reason})

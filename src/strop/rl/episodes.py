@@ -23,7 +23,7 @@ import statistics
 from strop import types
 from strop.data import Row
 from strop.envs import get_env
-from strop.envs.base import Observation, StepResult, Task
+from strop.envs.base import Task, call_tool_safely  # noqa: F401 - call_tool_safely was defined here
 from strop.envs.rubrics import rubric_metrics
 from strop.renderers.tools import STOP, parse_tool_calls
 from strop.rl.types import Rollout, Turn
@@ -50,6 +50,8 @@ class ProblemEpisode:
 
     def __init__(self, row: Row, terms, *, system_prompt: str | None = None, question_suffix: str = ""):
         self.row, self.terms = row, terms
+        # graders in other processes (a sandbox pool's workers, Ray's): a step's completions are scored at once
+        self.concurrent = any(getattr(t.fn, "concurrent", False) for t in terms)
         self.system_prompt, self.question_suffix = system_prompt, question_suffix
         self.scored = None
 
@@ -87,6 +89,10 @@ class ToolEpisode:
         self.done, self.reward, self.info = False, 0.0, {}
         self.parse_errors = 0
         self.environment_errors: list[str] = []
+
+    @property
+    def concurrent(self) -> bool:
+        return getattr(self.env, "concurrent", False)  # an environment in another process
 
     def start(self) -> list[dict]:
         if self._ask_tools:
@@ -132,17 +138,6 @@ def cap_observation(text: str, limit: int = OBSERVATION_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}\n[observation truncated: {len(text):,} characters, only the first {limit:,} shown]"
-
-
-def call_tool_safely(env, call: ToolCall) -> StepResult:
-    """`env.step(call)`; an environment that raises is turned into an observation (a broken environment must
-    not kill a run, but it is counted)."""
-    try:
-        return env.step(call)
-    except Exception as exc:  # noqa: BLE001
-        reason = f"{type(exc).__name__}: {exc}"
-        return StepResult(observation=Observation(f"the environment failed: {reason}"),
-                          info={"environmentError": reason})
 
 
 class EnvPool:

@@ -119,7 +119,13 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
     resumed run starts at)."""
     sandbox = None
     if config.sandbox_graders and any(not str(t.get("grader", "")).startswith("builtin:") for t in config.reward_terms):
-        sandbox = SandboxPool(timeout=config.grader_timeout, memory_mb=config.grader_memory_mb, hide=[run_dir])
+        ray = RaySettings.from_spec(config.ray)
+        if ray is not None and ray.env_workers and not config.environment:  # a dataset's environment: its graders
+            from strop.cluster.graders import GraderWorkers  # lazy: Ray is an extra
+            sandbox = GraderWorkers(ray, timeout=config.grader_timeout, memory_mb=config.grader_memory_mb,
+                                    hide=[run_dir])
+        else:
+            sandbox = SandboxPool(timeout=config.grader_timeout, memory_mb=config.grader_memory_mb, hide=[run_dir])
     try:
         return _run_grpo(config, Path(run_dir), sandbox, service=service, progress=progress, rows=rows,
                          announce=announce, on_eval=on_eval)
@@ -184,7 +190,7 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
     service.start_sampler(config.base_model)  # a vLLM, or a Ray cluster, that is missing fails the run here
     if pool is not None:
         pool.fill()  # environment workers too
-    facts = {**training.engine_facts(), **(pool.facts() if pool is not None else {})}
+    facts = {**training.engine_facts(), **(pool.facts() if pool is not None else {}), **getattr(sandbox, "facts", {})}
     (run_dir / "engine.json").write_text(json.dumps(facts, indent=2))
     if announce:
         print(f"run folder: {run_dir}" + (f" (resuming at step {start_step})" if start_step else ""), file=sys.stderr)

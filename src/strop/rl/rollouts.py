@@ -9,7 +9,8 @@ the evaluation of environments all go through here (the episodes: `strop.rl.epis
 Each turn, every episode still going renders its conversation and the replies are sampled as one batch.
 Episodes of the same group that read the same prompt (every group's first turn, and all of a dataset's) are
 one request of several samples, so the engine shares their prompt. Then every episode acts on its reply: in
-turn, or all at once when the environments are `concurrent` (they live in other processes: `strop.cluster.envs`).
+turn, or all at once when the episodes are `concurrent` (their environments or graders live in other processes:
+sandboxed graders, `strop.cluster.envs`, `strop.cluster.graders`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def play(sampler, renderer, groups: list[list], *, max_tokens: int, temperature:
     for all); the groups' rollouts, in order. The request of group g's first turn is seeded `seed + g`.
     `on_turn(finished, total)`, when given, is called after every turn with the number of episodes over."""
     live = [(g, k, episode) for g, group in enumerate(groups) for k, episode in enumerate(group)]
-    each = _concurrently if any(getattr(getattr(e, "env", None), "concurrent", False) for _, _, e in live) else _in_turn
+    each = _concurrently if any(getattr(e, "concurrent", False) for _, _, e in live) else _in_turn
     messages = each(lambda item: item[2].start(), live)
     turns: list[list[Turn]] = [[] for _ in live]
     over = [False] * len(live)
@@ -87,7 +88,7 @@ def _in_turn(fn, items) -> list:
 
 
 def _concurrently(fn, items) -> list:
-    """`fn` of each item, at once: environments in other processes (`strop.cluster.envs`) wait in parallel."""
+    """`fn` of each item, at once: environments and graders in other processes wait in parallel."""
     items = list(items)
     if len(items) < 2:
         return _in_turn(fn, items)

@@ -258,6 +258,7 @@ class SandboxPool:
             return self._run(target, {"data_source": data_source, "solution_str": solution_str,
                                       "ground_truth": ground_truth, "extra_info": extra_info})
         compute_score.sandboxed_ref = f"{target[0].folder}#{target[1]}:{target[2]}"
+        compute_score.concurrent = True  # thread-safe: calls wait on the pool's worker processes, `workers` at once
         return compute_score
 
     def check(self, ref: str) -> None:
