@@ -176,6 +176,25 @@ def test_a_killed_replica_has_its_share_run_again(cluster, tiny_model_dir, capsy
         engine.close()
 
 
+def test_a_run_whose_replica_is_killed_finishes_with_every_rollout(cluster, tiny_model_dir, varied, tmp_path):
+    """kill -9 one sampler replica once the run has made a step: the run goes on (the dead replica's share runs
+    on the other while Ray restarts it) and every step's rewards are those of the run in one process."""
+    config = tiny_config(tiny_model_dir, varied, max_steps=6, save_every=6, max_completion_length=48, batch_size=4)
+    here = run_grpo(config, tmp_path / "here", progress=False)
+    config.ray = {"address": cluster.address, "samplers": 2}
+    done = {}
+    thread = threading.Thread(target=lambda: done.update(result=run_grpo(config, tmp_path / "there", progress=False)))
+    thread.start()
+    metrics, engine = tmp_path / "there" / "metrics.jsonl", tmp_path / "there" / "engine.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+        time.sleep(0.05)
+    os.kill(json.loads(engine.read_text())["samplerReplicas"][0]["pid"], signal.SIGKILL)
+    thread.join(timeout=300)
+    assert "result" in done, "the run did not finish"
+    assert [m["reward"] for m in done["result"].metrics] == [m["reward"] for m in here.metrics]
+
+
 def test_a_run_started_on_the_cluster_records_it(cluster, workspace, capsys):  # noqa: F811
     from test_control import descriptor, run
 
