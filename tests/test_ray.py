@@ -51,6 +51,7 @@ def test_settings_are_checked_before_anything_loads():
     problems = RaySettings.problems({"address": "nowhere", "samplers": 0, "envworkers": 1})
     assert len(problems) == 3 and "HOST:PORT" in problems[1] and "known fields" in problems[0]
     assert RaySettings.problems({"address": "10.0.0.5:70000"})  # no such port
+    assert RaySettings.problems({"address": "10.0.0.5:6379\n"})  # a line break is not part of an address
     with pytest.raises(StropError, match="ray: samplers: must be an integer"):
         GRPOConfig(base_model="strop/tiny-random", ray={"address": "auto", "samplers": "2"})
     with pytest.raises(StropError, match="max_off_policy_steps"):

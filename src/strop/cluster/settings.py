@@ -20,7 +20,7 @@ ENV = {"address": "STROP_RAY_ADDRESS", "samplers": "STROP_RAY_SAMPLERS", "envWor
 ADDRESS_HELP = ('"auto" (the cluster `ray start --head` started on this machine) or HOST:PORT of a cluster\'s head '
                 'node (its GCS port, 6379 unless `ray start --port` said otherwise), e.g. "10.0.0.5:6379"')
 _HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])"
-_ADDRESS = re.compile(rf"^{_HOST}:(?P<port>[0-9]{{1,5}})$")
+_ADDRESS = re.compile(rf"{_HOST}:(?P<port>[0-9]{{1,5}})")
 
 
 @dataclass(frozen=True)
@@ -89,5 +89,5 @@ _ATTR = {"samplers": "samplers", "envWorkers": "env_workers"}
 def address_ok(address: str) -> bool:
     if address == "auto":
         return True
-    match = _ADDRESS.match(address)
+    match = _ADDRESS.fullmatch(address)
     return bool(match) and 1 <= int(match["port"]) <= 65535
