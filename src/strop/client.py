@@ -107,8 +107,9 @@ class LocalBackend:
         self.sampler = resolve_sampler(sampler)  # which engine samples: "strop" or "vllm"
         self.sampler_options = dict(sampler_options or {})
         # on Ray, each replica decides `auto` (sampler and dtype) for the hardware it runs on
-        self._choices = {"sampler": sampler or "auto", "dtype": sampler_dtype or dtype}
+        self._choices = {"sampler": sampler or "auto", "dtype": sampler_dtype or dtype, "trainer_dtype": dtype}
         self.ray = RaySettings.from_spec(ray) if ray is not None else RaySettings.from_environment()
+        self._trainers: list = []  # trainers on the Ray cluster, stopped with the backend
         self.max_batch = max_batch
         self._queues: dict[str, _SampleQueue] = {}
         self._bases: dict[tuple[str, torch.dtype], SharedBase] = {}
@@ -140,7 +141,8 @@ class LocalBackend:
             from strop.cluster.samplers import RaySamplerEngine  # lazy: Ray is an extra
             engine = RaySamplerEngine(base_model, path, settings=self.ray, sampler=self._choices["sampler"],
                                       dtype=self._choices["dtype"], max_batch=self.max_batch,
-                                      options=self.sampler_options)
+                                      options=self.sampler_options,
+                                      reserved_gpus=sum(t.gpus for t in self._trainers))
             queue = self._queues[path] = _SampleQueue(engine)
         if queue is None:
             options = self.sampler_options if self.sampler == "vllm" else {}  # the vLLM engine's settings
@@ -156,13 +158,30 @@ class LocalBackend:
             facts.update(getattr(queue.engine, "facts", {}))
         return facts
 
+    def trainer(self, base_model: str, *, dtype: str | None, **options):
+        """A LoRA trainer for `base_model`: in this process, or, on Ray, on an actor the cluster places
+        (strop.cluster.trainer) that computes in `dtype` as that machine resolves it."""
+        if self.ray is not None:
+            from strop.cluster.trainer import RemoteTrainer  # lazy: Ray is an extra
+            trainer = RemoteTrainer(base_model, self.model_dir(base_model), settings=self.ray,
+                                    dtype=dtype or self._choices["trainer_dtype"] or "auto", **options)
+            self._trainers.append(trainer)
+            return trainer
+        compute = torch_dtype(dtype or self.dtype)
+        return LoraTrainer(self.model_dir(base_model), compute_dtype=compute,
+                           shared_base=self.shared_base(base_model, compute), **options)
+
     def close(self) -> None:
-        """Stop the sampler engines (a vLLM engine's process); clients made from this backend start them again."""
+        """Stop the sampler engines (a vLLM engine's process) and trainers on Ray; clients made from this backend
+        start them again."""
         for queue in self._queues.values():
             close = getattr(queue.engine, "close", None)
             if close is not None:
                 close()
         self._queues.clear()
+        for trainer in self._trainers:
+            trainer.close()
+        self._trainers.clear()
 
 
 class SamplingClient:
@@ -258,7 +277,9 @@ class TrainingClient:
     def engine_facts(self) -> dict:
         """What this client trains and its sampling clients sample in, and on which CPU kernels (a strop
         extension: runs record it in engine.json)."""
-        return {**engine_facts(self.trainer.compute_dtype, self.backend.sampler_dtype), **self.backend.sampler_facts()}
+        placed = {"trainer": self.trainer.facts} if hasattr(self.trainer, "facts") else {}  # on Ray: where it ran
+        return {**engine_facts(self.trainer.compute_dtype, self.backend.sampler_dtype), **self.backend.sampler_facts(),
+                **placed}
 
 
 class ServiceClient:
@@ -292,10 +313,8 @@ class ServiceClient:
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     alpha: float | None = None, target_modules: list[str] | None = None,
                                     dtype: str | None = None, **_tinker_only) -> TrainingClient:
-        compute = torch_dtype(dtype or self.backend.dtype)
-        trainer = LoraTrainer(self.backend.model_dir(base_model), rank=rank, alpha=alpha,
-                              target_modules=target_modules, seed=seed or 0, compute_dtype=compute,
-                              shared_base=self.backend.shared_base(base_model, compute))
+        trainer = self.backend.trainer(base_model, dtype=dtype, rank=rank, alpha=alpha, target_modules=target_modules,
+                                       seed=seed or 0)
         return TrainingClient(self.backend, base_model, trainer)
 
     def create_training_client_from_adapter(self, base_model: str, adapter: str | Path, seed: int | None = None,

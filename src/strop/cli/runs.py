@@ -85,6 +85,9 @@ def _show(r: dict) -> str:
         nodes = ray.get("nodes") or []
         lines.append(f"Ray cluster: {ray.get('address')} (Ray {ray.get('rayVersion')}, {len(nodes)} node"
                      f"{'s' if len(nodes) != 1 else ''}, {ray.get('cpus', 0):g} CPUs, {ray.get('gpus', 0):g} GPUs)")
+        trainer = cluster.get("trainer")
+        if trainer:
+            lines.append(f"trainer: node {trainer.get('node')} (pid {trainer.get('pid')}, {trainer.get('dtype')})")
         replicas = cluster.get("samplerReplicas") or []
         if replicas:
             lines.append(f"{len(replicas)} sampler replica{'s' if len(replicas) != 1 else ''}: " + ", ".join(

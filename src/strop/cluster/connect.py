@@ -20,6 +20,7 @@ from strop.errors import StropError
 
 INSTALL_HINT = 'install it with pip install -e ".[ray]" (or pip install "ray==2.60.0")'
 PROBE_SECONDS = 5.0
+PLACE_SECONDS = 60.0  # placing a run's actors takes well under a second on a cluster with room for them
 NAMESPACE = "strop"
 _lock = threading.Lock()
 
@@ -137,3 +138,44 @@ def check_resources(what: str, cpus: float, gpus: float = 0) -> None:
         raise ClusterError(f"{what} need {cpus:g} CPUs and {gpus:g} GPUs, and the Ray cluster has {have_cpus:g} CPUs "
                            f"and {have_gpus:g} GPUs in all: add nodes (`ray start --address HEAD:PORT` on another "
                            "machine) or ask for fewer (execution.ray.samplers, execution.ray.envWorkers)")
+
+
+def place(what: str, bundles: list[dict], seconds: float = PLACE_SECONDS):
+    """A placement group reserving `bundles` (one per actor, e.g. {"CPU": 1}), spread over the nodes, once the
+    cluster has placed it; ClusterError within `seconds` when it cannot (Ray would leave the actors pending for
+    ever), saying what was asked and what is free. `check_resources` first, for the cluster as a whole."""
+    ray = import_ray()
+    from ray.util.placement_group import placement_group, remove_placement_group  # Ray's own, with Ray
+
+    cpus = sum(b.get("CPU", 0) for b in bundles)
+    gpus = sum(b.get("GPU", 0) for b in bundles)
+    check_resources(what, cpus, gpus)
+    group = placement_group(bundles, strategy="SPREAD")
+    try:
+        ray.get(group.ready(), timeout=seconds)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        free = ray.available_resources()
+        raise ClusterError(f"the Ray cluster could not place {what} ({cpus:g} CPUs, {gpus:g} GPUs, at most one "
+                           f"node's share each) within {seconds:g} s; free now: {free.get('CPU', 0):g} CPUs, "
+                           f"{free.get('GPU', 0):g} GPUs, over {len(ray.nodes())} nodes. Add nodes or ask for fewer "
+                           "(execution.ray.samplers, execution.ray.envWorkers)") from None
+    return group
+
+
+def in_group(group, index: int) -> dict:
+    """Actor options that put an actor in bundle `index` of a placement group."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # Ray's own, with Ray
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group,
+                                                                    placement_group_bundle_index=index)}
+
+
+def release(group) -> None:
+    """Free a placement group's reservation (its actors are gone or going)."""
+    if group is None:
+        return
+    from ray.util.placement_group import remove_placement_group  # Ray's own, with Ray
+    try:
+        remove_placement_group(group)
+    except Exception:  # noqa: BLE001 - the cluster may be gone already
+        pass

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from strop.cluster.connect import ClusterError, check_resources, connect, forwarded_env
+from strop.cluster.connect import ClusterError, connect, forwarded_env, in_group, place, release
 from strop.cluster.settings import RaySettings
 from strop.envs.base import call_tool_safely
 
@@ -97,10 +97,12 @@ class EnvWorkers:
     def __init__(self, spec: dict, size: int, *, settings: RaySettings):
         self.ray = ray = connect(settings.address)
         n = min(settings.env_workers, size)
-        check_resources(f"{n} environment workers", n * WORKER_CPUS)
-        actor = ray.remote(EnvWorker).options(num_cpus=WORKER_CPUS, scheduling_strategy="SPREAD", max_restarts=0,
-                                              runtime_env={"env_vars": forwarded_env()})
-        self.workers = [actor.remote(spec["name"], dict(spec.get("options") or {})) for _ in range(n)]
+        self.group = place(f"{n} environment workers", [{"CPU": WORKER_CPUS}] * n)
+        actor, common = ray.remote(EnvWorker), {"num_cpus": WORKER_CPUS, "max_restarts": 0,
+                                                "runtime_env": {"env_vars": forwarded_env()}}
+        self.workers = [actor.options(**common, **in_group(self.group, i)).remote(spec["name"],
+                                                                                 dict(spec.get("options") or {}))
+                        for i in range(n)]
         slots = [list(range(w, size, n)) for w in range(n)]
         try:
             opened = ray.get([w.open.remote(s) for w, s in zip(self.workers, slots)], timeout=START_TIMEOUT_S)
@@ -127,3 +129,4 @@ class EnvWorkers:
             except Exception:  # noqa: BLE001
                 pass
         self.workers = []
+        release(self.group)

@@ -12,15 +12,14 @@ the workers (`strop.rl.rollouts.play`). A grader that raises, hangs or crashes f
 
 from __future__ import annotations
 
-import io
 import itertools
 import os
-import tarfile
 import tempfile
 import threading
 from pathlib import Path
 
-from strop.cluster.connect import ClusterError, check_resources, connect, forwarded_env
+from strop.cluster.connect import ClusterError, connect, forwarded_env, in_group, place, release
+from strop.cluster.folders import pack, unpack
 from strop.cluster.settings import RaySettings
 from strop.errors import StropError
 from strop.files import folder_sha256
@@ -62,37 +61,18 @@ class GraderWorker:
         self.pool.close()
 
 
-def pack(folder: Path) -> bytes:
-    """A bundle folder's regular files as a tar archive (links and special files left out, as the sandbox's pinned
-    copy leaves them out)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
-                tar.add(path, arcname=str(path.relative_to(folder)), recursive=False)
-                if buffer.tell() > MAX_BUNDLE_BYTES:
-                    raise StropError(f"scoring bundle {folder} is over {MAX_BUNDLE_BYTES >> 20} MiB: too large to "
-                                     "send to the cluster's grader workers")
-    return buffer.getvalue()
-
-
-def unpack(data: bytes, folder: Path) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=folder.parent))
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        tar.extractall(staging, filter="data")  # no absolute paths, no '..', no links out
-    os.replace(staging, folder)
-
-
 class GraderWorkers:
     """`settings.env_workers` grader workers; `grader(ref)` and `check(ref)` as a SandboxPool has them."""
 
     def __init__(self, settings: RaySettings, *, timeout: float, memory_mb: int, hide: list = ()):
         self.ray = ray = connect(settings.address)
         n = settings.env_workers
-        check_resources(f"{n} grader workers", n * WORKER_CPUS)
-        actor = ray.remote(GraderWorker).options(num_cpus=WORKER_CPUS, scheduling_strategy="SPREAD", max_restarts=0,
-                                                 runtime_env={"env_vars": forwarded_env()})
-        self.workers = [actor.remote(timeout, memory_mb, [str(p) for p in hide]) for _ in range(n)]
+        self.group = place(f"{n} grader workers", [{"CPU": WORKER_CPUS}] * n)
+        actor, common = ray.remote(GraderWorker), {"num_cpus": WORKER_CPUS, "max_restarts": 0,
+                                                   "runtime_env": {"env_vars": forwarded_env()}}
+        self.workers = [actor.options(**common, **in_group(self.group, i)).remote(timeout, memory_mb,
+                                                                                 [str(p) for p in hide])
+                        for i in range(n)]
         try:
             pids = ray.get([w.pid.remote() for w in self.workers], timeout=300)
         except ray.exceptions.RayError as exc:
@@ -111,7 +91,8 @@ class GraderWorkers:
         root, _ = locate(directory, module, function)
         with self._lock:
             if root not in self._bundles:
-                self._bundles[root] = (folder_sha256(root), [self.ray.put(pack(Path(root)))])  # once per bundle
+                packed = pack(Path(root), MAX_BUNDLE_BYTES, "scoring bundle")
+                self._bundles[root] = (folder_sha256(root), [self.ray.put(packed)])  # sent once per bundle
             sha, packed = self._bundles[root]
         return sha, packed, module, function
 
@@ -152,3 +133,4 @@ class GraderWorkers:
             except Exception:  # noqa: BLE001
                 pass
         self.workers = []
+        release(self.group)

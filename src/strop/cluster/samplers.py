@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from strop.cluster.connect import ClusterError, check_resources, cluster_facts, connect, forwarded_env
+from strop.cluster.connect import ClusterError, cluster_facts, connect, forwarded_env, in_group, place, release
 from strop.cluster.settings import RaySettings
 
 START_TIMEOUT_S = 900.0   # loading the model on a replica (vLLM's start included)
@@ -92,17 +92,20 @@ class RaySamplerEngine:
     """`settings.samplers` replicas of one engine on the cluster at `settings.address`."""
 
     def __init__(self, base_model: str, model_dir: str | Path, *, settings: RaySettings, sampler: str = "auto",
-                 dtype: str = "auto", max_batch: int = 64, options: dict | None = None):
+                 dtype: str = "auto", max_batch: int = 64, options: dict | None = None, reserved_gpus: int = 0):
         self.ray = connect(settings.address)
-        gpus = 1 if self.ray.cluster_resources().get("GPU", 0) >= settings.samplers else 0
+        # a GPU each where the cluster has one for every replica beside those the trainers took
+        gpus = 1 if self.ray.cluster_resources().get("GPU", 0) - reserved_gpus >= settings.samplers else 0
         cpus = 0 if gpus else 1
-        check_resources(f"{settings.samplers} sampler replicas", settings.samplers * cpus, settings.samplers * gpus)
+        self.group = place(f"{settings.samplers} sampler replicas",
+                           [{"GPU": 1} if gpus else {"CPU": 1}] * settings.samplers)
         options = {k: v for k, v in (options or {}).items() if k != "log_dir"}  # a vLLM replica logs on its node
-        actor = self.ray.remote(SamplerReplica).options(
-            num_cpus=cpus, num_gpus=gpus, max_restarts=RESTARTS, max_task_retries=0, scheduling_strategy="SPREAD",
-            runtime_env={"env_vars": forwarded_env()})
-        self.replicas = [actor.remote(base_model, str(model_dir), sampler, dtype, max_batch, options)
-                         for _ in range(settings.samplers)]
+        actor, common = self.ray.remote(SamplerReplica), {
+            "num_cpus": cpus, "num_gpus": gpus, "max_restarts": RESTARTS, "max_task_retries": 0,
+            "runtime_env": {"env_vars": forwarded_env()}}
+        self.replicas = [actor.options(**common, **in_group(self.group, i)).remote(base_model, str(model_dir), sampler,
+                                                                                  dtype, max_batch, options)
+                         for i in range(settings.samplers)]
         self._adapter, self._box, self._key = None, [None], 0
         self.retries = 0
         self.closed = False
@@ -183,6 +186,7 @@ class RaySamplerEngine:
                 self.ray.kill(replica, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        release(self.group)
 
 
 class ReplicaDied(Exception):

@@ -315,7 +315,7 @@ def get(run_id: str) -> dict:
     return info
 
 
-CLUSTER_KEYS = ("rayCluster", "samplerReplicas", "envWorkers", "graderWorkers")
+CLUSTER_KEYS = ("rayCluster", "trainer", "samplerReplicas", "envWorkers", "graderWorkers")
 
 
 def cluster_used(run_id: str) -> dict | None:

@@ -8,9 +8,9 @@ Each step takes `batch_size` rows (or an environment's tasks) and runs `strop.rl
 Before the first step the run is planned (`plan`: its memory, through the client) and its prompts checked, so
 bad input fails before the run folder exists.
 
-With `config.ray` the sampler replicas (and environment or grader workers) run on a Ray cluster
-(`strop.cluster`); with `config.max_off_policy_steps` k > 0 the next k steps sample while this one trains
-(`strop.rl.ahead`). The trainer is always this process.
+With `config.ray` the trainer, the sampler replicas (and environment or grader workers) run on a Ray cluster
+(`strop.cluster`), this process driving them; with `config.max_off_policy_steps` k > 0 the next k steps sample
+while this one trains (`strop.rl.ahead`).
 
 A run folder holds config.json, metrics.jsonl, rollouts.jsonl, events/ (TensorBoard), checkpoints/ and
 final/ (the tuned adapter). Calling run_grpo again on the same folder resumes from its last checkpoint.
