@@ -63,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
             RaySettings.from_environment()
             reachable(args.ray_address)  # now, in seconds: not after a background worker has started
         except StropError as exc:
-            print(f"strop: error: --ray-address: {exc}", file=sys.stderr)
+            message = str(exc).replace("the Ray settings of this environment:", "invalid flags:")
+            for variable, flag in (("STROP_RAY_ENV_WORKERS", "--env-workers"), ("STROP_RAY_SAMPLERS", "--samplers"),
+                                   ("STROP_RAY_ADDRESS", "--ray-address")):
+                message = message.replace(variable, flag)  # the flags set them: say what the person typed
+            print(f"strop: error: {message if 'invalid flags' in message else '--ray-address: ' + message}",
+                  file=sys.stderr)
             return 1
     if getattr(args, "sampler", None):
         os.environ["STROP_SAMPLER"] = args.sampler  # every sampling client of this command and its workers
