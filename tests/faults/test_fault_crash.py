@@ -8,8 +8,9 @@ import time
 
 from test_control import descriptor, home, run, workspace  # noqa: F401 - shared fixtures and helpers
 
+# slow enough that a kill lands mid-run: a step's 4 grader calls run 2 at a time (the sandbox pool's workers)
 SLOW = ("import time\n\ndef compute_score(data_source=None, solution_str=None, ground_truth=None, extra_info=None):\n"
-        "    time.sleep(0.1)\n    return len(solution_str) % 3 / 3\n")
+        "    time.sleep(0.3)\n    return len(solution_str) % 3 / 3\n")
 
 
 def _slow_run(workspace, capsys, steps: int) -> str:  # noqa: F811
