@@ -153,6 +153,7 @@ def main() -> int:
                   f"{row['sampleSeconds']:>10.2f}{row['trainSeconds']:>9.2f}{row['overlapSeconds']:>11.2f}")
         import ray
         ray.shutdown()
+    print(f"run folders: {args.out}")
     print(json.dumps({"kernels": kernels(), "environmentWorkers": envs, "offPolicy": steps}))
     return 0
 
