@@ -179,3 +179,31 @@ def release(group) -> None:
         remove_placement_group(group)
     except Exception:  # noqa: BLE001 - the cluster may be gone already
         pass
+
+
+def raised_there(exc) -> Exception | None:
+    """The exception an actor's method raised (a StropError saying what was wrong, as in-process), from the
+    RayTaskError that carries it; None when Ray could not keep it."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) else None
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:limit]
+
+
+def stop_actors(ray, actors: list, group, *, close_first: bool = False) -> None:
+    """Kill `actors` (each asked to `close()` first, when they hold environments or sandboxes) and free their
+    placement group. Actors already gone are skipped."""
+    for actor in actors:
+        if close_first:
+            try:
+                ray.get(actor.close.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - a dead actor has nothing left to close
+                pass
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    release(group)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 
-from strop.cluster.connect import ClusterError, connect, forwarded_env, in_group, place, release
+from strop.cluster.connect import (ClusterError, connect, first_line, forwarded_env, in_group, place, raised_there,
+                                   stop_actors)
 from strop.cluster.settings import RaySettings
 from strop.envs.base import call_tool_safely
 
@@ -69,11 +70,9 @@ class RemoteEnv:
         try:
             return self._ray.get(ref)
         except self._ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            raise cause if isinstance(cause, Exception) else RuntimeError(str(exc)) from None
+            raise raised_there(exc) or RuntimeError(str(exc)) from None
         except self._ray.exceptions.RayActorError as exc:
-            raise ClusterError(f"environment worker of slot {self.slot} died: "
-                               f"{str(exc).strip().splitlines()[0][:200]}") from None
+            raise ClusterError(f"environment worker of slot {self.slot} died: {first_line(exc)}") from None
 
     def tools(self) -> list:
         return self._get(self._worker.tools.remote(self.slot))
@@ -119,14 +118,5 @@ class EnvWorkers:
                      for i in range(size)]
 
     def close(self) -> None:
-        for worker in self.workers:
-            try:
-                self.ray.get(worker.close.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - a dead worker has nothing left to close
-                pass
-            try:
-                self.ray.kill(worker, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
+        stop_actors(self.ray, self.workers, self.group, close_first=True)
         self.workers = []
-        release(self.group)

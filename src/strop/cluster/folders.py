@@ -20,14 +20,14 @@ from strop.errors import StropError
 def pack(folder: Path, limit: int, what: str = "folder") -> bytes:
     """A folder's regular files as a tar archive (links and special files left out, as a pinned copy leaves them);
     StropError past `limit` bytes."""
+    files = [p for p in sorted(Path(folder).rglob("*"))
+             if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts]
+    if sum(p.stat().st_size for p in files) > limit:  # before reading any of it into memory
+        raise StropError(f"{what} {folder} is over {limit >> 20} MiB: too large to send through the Ray cluster")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for path in sorted(Path(folder).rglob("*")):
-            if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
-                tar.add(path, arcname=str(path.relative_to(folder)), recursive=False)
-                if buffer.tell() > limit:
-                    raise StropError(f"{what} {folder} is over {limit >> 20} MiB: too large to send through the "
-                                     "Ray cluster")
+        for path in files:
+            tar.add(path, arcname=str(path.relative_to(folder)), recursive=False)
     return buffer.getvalue()
 
 

@@ -18,7 +18,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from strop.cluster.connect import ClusterError, connect, forwarded_env, in_group, place, release
+from strop.cluster.connect import (ClusterError, connect, first_line, forwarded_env, in_group, place, raised_there,
+                                   stop_actors)
 from strop.cluster.folders import pack, unpack
 from strop.cluster.settings import RaySettings
 from strop.errors import StropError
@@ -100,10 +101,9 @@ class GraderWorkers:
         try:
             return self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            raise cause if isinstance(cause, Exception) else StropError(str(exc)) from None
+            raise raised_there(exc) or StropError(str(exc)) from None
         except self.ray.exceptions.RayActorError as exc:
-            raise ClusterError(f"a grader worker died: {str(exc).strip().splitlines()[0][:200]}") from None
+            raise ClusterError(f"a grader worker died: {first_line(exc)}") from None
 
     def check(self, ref: str) -> None:
         target = self._target(ref)
@@ -123,14 +123,5 @@ class GraderWorkers:
         return compute_score
 
     def close(self) -> None:
-        for worker in self.workers:
-            try:
-                self.ray.get(worker.close.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - a dead worker has nothing left to close
-                pass
-            try:
-                self.ray.kill(worker, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
+        stop_actors(self.ray, self.workers, self.group, close_first=True)
         self.workers = []
-        release(self.group)

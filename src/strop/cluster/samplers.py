@@ -20,7 +20,8 @@ import os
 import sys
 from pathlib import Path
 
-from strop.cluster.connect import ClusterError, cluster_facts, connect, forwarded_env, in_group, place, release
+from strop.cluster.connect import (ClusterError, cluster_facts, connect, first_line, forwarded_env, in_group, place,
+                                   raised_there, stop_actors)
 from strop.cluster.settings import RaySettings
 
 START_TIMEOUT_S = 900.0   # loading the model on a replica (vLLM's start included)
@@ -168,31 +169,18 @@ class RaySamplerEngine:
             raise ClusterError(f"sampler replicas did not {what} within {timeout:g} s; `ray status` shows whether the "
                                "cluster has room for them") from None
         except exceptions.RayTaskError as exc:  # the engine itself refused or failed: its own error, as in-process
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, Exception):
-                raise cause from None
-            raise ClusterError(f"a sampler replica failed: {exc}") from None
+            raise raised_there(exc) or ClusterError(f"a sampler replica failed: {exc}") from None
         except (exceptions.RayActorError, exceptions.ActorUnavailableError) as exc:
             if what == "start":
-                raise ClusterError(f"a sampler replica could not start: {_first_line(exc)}") from None
-            raise ReplicaDied(_first_line(exc)) from None
+                raise ClusterError(f"a sampler replica could not start: {first_line(exc)}") from None
+            raise ReplicaDied(first_line(exc)) from None
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        for replica in self.replicas:
-            try:
-                self.ray.kill(replica, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        release(self.group)
+        stop_actors(self.ray, self.replicas, self.group)
 
 
 class ReplicaDied(Exception):
     pass
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]

@@ -17,7 +17,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from strop.cluster.connect import ClusterError, connect, forwarded_env, in_group, place, release
+from strop.cluster.connect import (ClusterError, connect, first_line, forwarded_env, in_group, place, raised_there,
+                                   stop_actors)
 from strop.cluster.folders import pack, unpack
 from strop.cluster.settings import RaySettings
 from strop.errors import StropError
@@ -109,14 +110,10 @@ class RemoteTrainer:
             raise ClusterError(f"the trainer did not start within {timeout:g} s; `ray status` shows whether the "
                                "cluster has room for it") from None
         except exceptions.RayTaskError as exc:  # the trainer refused or failed: its own error, as in-process
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, Exception):
-                raise cause from None
-            raise ClusterError(f"the trainer failed: {exc}") from None
+            raise raised_there(exc) or ClusterError(f"the trainer failed: {exc}") from None
         except exceptions.RayActorError as exc:
-            first = str(exc).strip().splitlines()
-            raise ClusterError(f"the trainer's process on the Ray cluster died ({first[0][:200] if first else exc}); "
-                               "run the same command again to resume from the last checkpoint") from None
+            raise ClusterError(f"the trainer's process on the Ray cluster died ({first_line(exc)}); run the same "
+                               "command again to resume from the last checkpoint") from None
 
     def forward_backward(self, datums, loss_fn="cross_entropy", loss_fn_config=None):
         return self._get(self.actor.call.remote("forward_backward", datums, loss_fn, loss_fn_config))
@@ -145,8 +142,4 @@ class RemoteTrainer:
         self._get(self.actor.load.remote(pack(Path(path), MAX_STATE_BYTES, "checkpoint"), with_optimizer))
 
     def close(self) -> None:
-        try:
-            self.ray.kill(self.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-        release(self.group)
+        stop_actors(self.ray, [self.actor], self.group)
