@@ -14,6 +14,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+import psutil
 import pytest
 import torch
 
@@ -182,15 +183,24 @@ def test_a_killed_replica_has_its_share_run_again(cluster, tiny_model_dir, capsy
     from strop.models import load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    requests = [SampleRequest(prompt_tokens=[5 + i, 6, 7], num_samples=4,
-                              params=types.SamplingParams(max_tokens=200, seed=i)) for i in range(16)]
+    requests = [SampleRequest(prompt_tokens=[5 + i, 6, 7], num_samples=8,
+                              params=types.SamplingParams(max_tokens=200, seed=i)) for i in range(32)]
     expected = SamplerEngine(tiny_model_dir, tokenizer=tokenizer).generate(requests)
     engine = RaySamplerEngine(str(tiny_model_dir), tiny_model_dir, settings=RaySettings(
         address=cluster.address, samplers=2), sampler="strop", dtype="float32")
     try:
-        victim = engine.facts["samplerReplicas"][1]["pid"]
-        threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()  # mid-batch: it takes seconds
+        victim = psutil.Process(engine.facts["samplerReplicas"][1]["pid"])
+        idle = sum(victim.cpu_times()[:2])
+
+        def kill_mid_batch():  # once the replica has computed 0.1 s of its share: it is generating
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and sum(victim.cpu_times()[:2]) - idle < 0.1:
+                time.sleep(0.005)
+            victim.kill()
+        killer = threading.Thread(target=kill_mid_batch)
+        killer.start()
         got = engine.generate(requests)
+        killer.join()
         assert engine.retries >= 1 and "a sampler replica died" in capsys.readouterr().err
         assert [[s.tokens for s in r.sequences] for r in got] == [[s.tokens for s in r.sequences] for r in expected]
         again = engine.generate(requests[:4])  # Ray restarted the replica: both serve again
