@@ -9,6 +9,10 @@ machine's loopback (strop.cluster.local). Two parts, each compared side by side 
 2. Off-policy steps. The same GRPO run on the cluster (2 sampler replicas) with execution.maxOffPolicySteps 0
    and 1, its grader a remote verifier that waits --grader-ms a call: seconds per step, and `overlapSeconds`,
    the sampling that ran while the previous step trained.
+3. Data-parallel trainers. The same supervised steps in this process, on one trainer actor and on two
+   data-parallel ones (gloo): seconds for forward_backward and optim_step (which holds the all-reduce), and how
+   far each final adapter is from the in-process one. On one 2-core machine two trainers share the cores, so this
+   measures what data parallelism costs, not what it gains on nodes of their own.
 
     python benchmarks/ray_scaling.py                  # defaults (about 3 minutes here)
     python benchmarks/ray_scaling.py --quick          # a smoke run
@@ -105,6 +109,64 @@ def off_policy(address: str, args, out: Path) -> list[dict]:
     return rows
 
 
+def _datums(n: int, tokens: int, vocab: int, seed: int = 0) -> list:
+    import torch
+
+    from strop import types
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = tokens - 16 * (i % 4)  # a spread of lengths, as a batch of transcripts has
+        ids = torch.randint(3, vocab, (length + 1,), generator=g)
+        weights = torch.zeros(length)
+        weights[length // 3:] = 1.0    # the prompt's third untrained, as in a transcript
+        out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1].tolist()), loss_fn_inputs={
+            "target_tokens": types.TensorData.from_torch(ids[1:]), "weights": types.TensorData.from_torch(weights)}))
+    return out
+
+
+def data_parallel(address: str, args) -> list[dict]:
+    """The same supervised steps (forward_backward on a batch, then optim_step) in this process, on one trainer
+    actor, and on 2 data-parallel trainer actors (a node each, gloo): seconds, and how far each final adapter is
+    from the in-process one."""
+    from transformers import AutoConfig
+
+    from strop import types
+    from strop.cluster import RaySettings
+    from strop.cluster.trainer import RemoteTrainer
+    from strop.engine.precision import torch_dtype
+    from strop.engine.trainer import LoraTrainer
+    from strop.models import resolve_model
+
+    path = resolve_model(args.model)
+    datums = _datums(args.dp_datums, args.dp_tokens, AutoConfig.from_pretrained(str(path)).vocab_size)
+    adam = types.AdamParams(learning_rate=1e-4)
+    makers = [("this process", lambda: LoraTrainer(path, rank=32, seed=0, compute_dtype=torch_dtype(args.dtype))),
+              *((f"{n} trainer actor{'s' if n > 1 else ''}" + (" (data-parallel)" if n > 1 else ""),
+                 lambda n=n: RemoteTrainer(args.model, path, settings=RaySettings(address=address, trainers=n),
+                                           dtype=args.dtype, rank=32, seed=0)) for n in (1, 2))]
+    rows, reference = [], None
+    for where, make in makers:
+        trainer = make()
+        try:
+            forward, optim, losses = [], [], []
+            for _ in range(args.dp_steps):
+                t0 = time.perf_counter()
+                losses.append(trainer.forward_backward(datums, "cross_entropy").metrics["loss:sum"])
+                t1 = time.perf_counter()
+                trainer.optim_step(adam)
+                forward.append(t1 - t0)
+                optim.append(time.perf_counter() - t1)
+            weights = trainer.lora_state_dict() if isinstance(trainer, LoraTrainer) else trainer.replica_weights()[0]
+        finally:
+            getattr(trainer, "close", lambda: None)()
+        reference = reference or weights
+        rows.append({"where": where, "forwardBackwardSeconds": statistics.fmean(forward[1:] or forward),
+                     "optimStepSeconds": statistics.fmean(optim[1:] or optim), "losses": losses,
+                     "adapterMaxDiff": max((weights[k] - reference[k]).abs().max().item() for k in reference)})
+    return rows
+
+
 def main() -> int:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--episodes", type=int, default=32, help="finance-sql episodes (default: %(default)s)")
@@ -117,13 +179,18 @@ def main() -> int:
     cli.add_argument("--group", type=int, default=4)
     cli.add_argument("--tokens", type=int, default=32)
     cli.add_argument("--grader-ms", type=float, default=100.0, help="the verifier's wait per call (default: %(default)s)")
+    cli.add_argument("--dp-datums", type=int, default=8, help="datums a data-parallel step (default: %(default)s)")
+    cli.add_argument("--dp-tokens", type=int, default=512, help="tokens of the longest (default: %(default)s)")
+    cli.add_argument("--dp-steps", type=int, default=4)
+    cli.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                     help="what the data-parallel part's trainers compute in (default: %(default)s)")
     cli.add_argument("--quick", action="store_true", help="a smoke run: 8 episodes, 1-2 workers, 3 steps of the tiny "
                                                           "random model")
     cli.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="strop-ray-bench-")))
     args = cli.parse_args()
     args.workers = [int(w) for w in args.workers.split(",")]
     if args.quick:
-        args.episodes, args.workers, args.steps, args.model = 8, [1, 2], 3, "strop/tiny-random"
+        args.episodes, args.workers, args.steps, args.model, args.dp_steps = 8, [1, 2], 3, "strop/tiny-random", 2
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, str(HERE))
 
@@ -151,10 +218,18 @@ def main() -> int:
         for row in steps:
             print(f"{row['maxOffPolicySteps']:<19}{row['runSeconds']:>8.1f}{row['stepSeconds']:>8.2f}"
                   f"{row['sampleSeconds']:>10.2f}{row['trainSeconds']:>9.2f}{row['overlapSeconds']:>11.2f}")
+        trainers = data_parallel(cluster.address, args)
+        print(f"\nSupervised steps of {args.model} ({args.dtype}), {args.dp_datums} datums of <= {args.dp_tokens} "
+              f"tokens a step, {args.dp_steps} steps (means over steps 1..):")
+        print(f"{'where':<36}{'fwd+bwd s':>10}{'optim s':>9}{'adapter vs here':>17}")
+        for row in trainers:
+            print(f"{row['where']:<36}{row['forwardBackwardSeconds']:>10.2f}{row['optimStepSeconds']:>9.3f}"
+                  f"{row['adapterMaxDiff']:>17.2e}")
         import ray
         ray.shutdown()
     print(f"run folders: {args.out}")
-    print(json.dumps({"kernels": kernels(), "environmentWorkers": envs, "offPolicy": steps}))
+    print(json.dumps({"kernels": kernels(), "environmentWorkers": envs, "offPolicy": steps,
+                      "dataParallel": trainers}))
     return 0
 
 

@@ -325,3 +325,20 @@ def test_the_one_validator_names_problems_in_each_front_ends_words():
     assert "loss_fn: must be one of" in str(caught.value)
     with pytest.raises(DescriptorError, match=r"\$\.config\.rlHyperparams\.groupSize: must be an integer from 2"):
         run.to_grpo_config("x.jsonl", [{"name": "c", "weight": 1.0, "grader": "builtin:gsm8k"}], group_size=1)
+
+
+def test_data_parallel_trainers_follow_gpus_unless_given():
+    data = seed()
+    data["execution"]["ray"] = {"address": "10.0.0.5:6379", "samplers": 2}
+    assert validate_descriptor(data).to_grpo_config("x.jsonl", []).ray["trainers"] == 1  # gpus 1: one trainer
+    data["execution"]["gpus"] = 4
+    run = validate_descriptor(data)
+    assert run.to_grpo_config("x.jsonl", []).ray == {"address": "10.0.0.5:6379", "samplers": 2, "envWorkers": 0,
+                                                     "trainers": 4}
+    data["execution"]["ray"]["trainers"] = 2
+    assert any(p.startswith("$.execution.ray.trainers: 2 data-parallel trainers, but $.execution.gpus asks for 4")
+               for p in problems(data))
+    data["execution"]["gpus"] = 0   # CPUs: the count given
+    assert validate_descriptor(data).to_grpo_config("x.jsonl", []).ray["trainers"] == 2
+    data["execution"]["ray"]["trainers"] = 0
+    assert any(p.startswith("$.execution.ray.trainers: must be an integer from 1 to 256") for p in problems(data))

@@ -261,17 +261,18 @@ def test_a_run_started_on_the_cluster_records_it(cluster, workspace, capsys):  #
     from test_control import descriptor, run
 
     path = descriptor(workspace, **{"config.rlHyperparams.maxSteps": 2, "config.rlHyperparams.groupSize": 2,
-                                    "execution.ray": {"samplers": 2}})
+                                    "execution.ray": {"samplers": 2, "trainers": 2}})
     code, out, err = run(capsys, "runs", "start", "-f", path, "--dry-run", "--ray-address", f"127.0.0.1:{closed_port()}")
     assert code == 1 and "$.execution.ray.address: no Ray cluster at" in err
     run_id = run(capsys, "runs", "start", "-f", path, "--ray-address", cluster.address, "--jq", ".runId")[1].strip()
     code, out, _ = run(capsys, "runs", "wait", run_id, "--exit-status", "--timeout", "300", "-o", "json")
     assert code == 0, out
     info = json.loads(run(capsys, "runs", "get", run_id, "-o", "json")[1])
-    assert info["pinned"]["ray"] == {"address": cluster.address, "samplers": 2, "envWorkers": 0}
+    assert info["pinned"]["ray"] == {"address": cluster.address, "samplers": 2, "envWorkers": 0, "trainers": 2}
     assert len(info["cluster"]["samplerReplicas"]) == 2 and len(info["cluster"]["rayCluster"]["nodes"]) == 2
+    assert len(info["cluster"]["trainer"]["replicas"]) == 2
     shown = run(capsys, "runs", "get", run_id)[1]
-    assert "Ray cluster" in shown and "2 sampler replicas" in shown
+    assert "Ray cluster" in shown and "2 sampler replicas" in shown and "2 data-parallel trainers (gloo" in shown
 
 
 def test_an_environment_evaluation_spreads_over_the_cluster(cluster, tiny_model_dir):
@@ -288,3 +289,98 @@ def test_an_environment_evaluation_spreads_over_the_cluster(cluster, tiny_model_
 
 
 from test_control import home, workspace  # noqa: E402,F401 - the control-plane fixtures, shared
+
+
+def _is_datums(n: int, seed: int) -> list[types.Datum]:
+    """importance_sampling datums of varied lengths with made-up sampler logprobs and advantages."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = 10 + 3 * i
+        ids = torch.randint(3, 200, (length + 1,), generator=g)
+        prompt = length // 3
+        advantages = torch.zeros(length)
+        advantages[prompt:] = float(torch.randn((), generator=g))
+        logprobs = torch.zeros(length)
+        logprobs[prompt:] = -torch.rand(length - prompt, generator=g) * 4
+        out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1].tolist()), loss_fn_inputs={
+            "target_tokens": types.TensorData.from_torch(ids[1:]),
+            "logprobs": types.TensorData.from_torch(logprobs),
+            "advantages": types.TensorData.from_torch(advantages)}))
+    return out
+
+
+def test_data_parallel_trainers_take_the_one_trainers_steps(cluster, tiny_model_dir):
+    from strop.cluster.trainer import RemoteTrainer
+    from strop.engine.trainer import LoraTrainer
+
+    one = LoraTrainer(tiny_model_dir, rank=4, seed=3, compute_dtype=torch.float32)
+    settings = RaySettings(address=cluster.address, trainers=2)
+    two = RemoteTrainer("strop/tiny-random", tiny_model_dir, settings=settings, dtype="float32", rank=4, seed=3)
+    try:
+        assert two.facts["dataParallel"] == 2 and two.facts["backend"] == "gloo"
+        assert len({r["node"] for r in two.facts["replicas"]}) == 2  # one on each node
+        adam = types.AdamParams(learning_rate=1e-2)
+        for step in range(3):
+            batches = [_is_datums(5, seed=10 * step), _is_datums(3, seed=10 * step + 1)]  # two calls accumulate
+            for batch in batches:
+                a = one.forward_backward(batch, "importance_sampling")
+                b = two.forward_backward(batch, "importance_sampling")
+                assert b.metrics["loss:sum"] == pytest.approx(a.metrics["loss:sum"], rel=1e-5, abs=1e-6)
+                assert b.metrics["tokens:sum"] == a.metrics["tokens:sum"]
+                for x, y in zip(a.loss_fn_outputs, b.loss_fn_outputs):  # each datum's output, in its place
+                    assert torch.allclose(x["logprobs"].to_torch(), y["logprobs"].to_torch(), atol=1e-5)
+            got, want = two.optim_step(adam), one.optim_step(adam)
+            assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+            assert got["grad_norm"] > 0
+        first, second = two.replica_weights()
+        assert all(torch.equal(first[k], second[k]) for k in first)  # the replicas never drift apart
+        local = one.lora_state_dict()
+        worst = max((local[k] - first[k]).abs().max().item() for k in local)
+        assert 0 < max(v.abs().max().item() for v in local.values()) and worst < 1e-4, worst
+        # a datum that does not fit its loss is refused before any replica takes a gradient from the batch
+        bad = _is_datums(2, seed=99)
+        del bad[1].loss_fn_inputs["advantages"]
+        with pytest.raises(StropError, match="datum 1: .*missing"):
+            two.forward_backward(bad, "importance_sampling")
+        held = two.forward(_is_datums(4, seed=5), "importance_sampling")  # forward too: shares, no gradient
+        assert held.metrics["loss:sum"] == pytest.approx(
+            one.forward(_is_datums(4, seed=5), "importance_sampling").metrics["loss:sum"], rel=1e-4, abs=1e-5)
+    finally:
+        two.close()
+
+
+def test_a_grpo_run_with_data_parallel_trainers_matches_one_process(cluster, tiny_model_dir, varied, tmp_path):
+    config = tiny_config(tiny_model_dir, varied, max_steps=3, save_every=3, max_completion_length=12, batch_size=4)
+    here = run_grpo(config, tmp_path / "here", progress=False)
+    config.ray = {"address": cluster.address, "samplers": 1, "trainers": 2}
+    there = run_grpo(config, tmp_path / "there", progress=False)
+    assert [m["reward"] for m in here.metrics] == [m["reward"] for m in there.metrics]
+    assert any(m["rewardStd"] > 0 for m in here.metrics)
+    for a, b in zip(here.metrics, there.metrics):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+    facts = json.loads((tmp_path / "there" / "engine.json").read_text())
+    assert facts["trainer"]["dataParallel"] == 2 and len(facts["trainer"]["replicas"]) == 2
+    here_final, there_final = (safe_open_tensors(tmp_path / side / "final") for side in ("here", "there"))
+    worst = max((here_final[k] - there_final[k]).abs().max().item() for k in here_final)
+    assert worst < 1e-4, worst
+
+
+def test_strop_train_sft_with_data_parallel_trainers(cluster, tiny_model_dir, tmp_path):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "completion": f"{i + 1}, since {i} and one "
+                                        f"more make {i + 1}"}) + "\n" for i in range(24)))
+    common = ["train", "--method", "sft", "--base-model", str(tiny_model_dir), "--dataset", str(data), "--steps", "4",
+              "--batch-size", "6", "--lr", "1e-2", "--rank", "4", "--dtype", "float32", "--quiet", "-o", "json"]
+    here, _ = _strop(*common, "--run-dir", str(tmp_path / "here"), timeout=300)
+    there, _ = _strop(*common, "--run-dir", str(tmp_path / "there"), "--ray-address", cluster.address,
+                      "--trainers", "2", timeout=300)
+    assert here.returncode == 0 and there.returncode == 0, (here.stderr, there.stderr)
+    a, b = json.loads(here.stdout), json.loads(there.stdout)
+    assert b["heldOutLossAfter"] < b["heldOutLossBefore"] - 0.1  # it learned
+    for key in ("firstLoss", "lastLoss", "heldOutLossBefore", "heldOutLossAfter"):
+        assert b[key] == pytest.approx(a[key], abs=1e-4), key
+    facts = json.loads((tmp_path / "there" / "engine.json").read_text())
+    assert facts["trainer"]["dataParallel"] == 2
+    done, _ = _strop("train", "--method", "sft", "--dataset", str(data), "--trainers", "2")
+    assert done.returncode == 1 and "--trainers places trainers on a Ray cluster: give --ray-address too" in done.stderr

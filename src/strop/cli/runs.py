@@ -86,7 +86,11 @@ def _show(r: dict) -> str:
         lines.append(f"Ray cluster: {ray.get('address')} (Ray {ray.get('rayVersion')}, {len(nodes)} node"
                      f"{'s' if len(nodes) != 1 else ''}, {ray.get('cpus', 0):g} CPUs, {ray.get('gpus', 0):g} GPUs)")
         trainer = cluster.get("trainer")
-        if trainer:
+        if trainer and trainer.get("dataParallel"):
+            lines.append(f"{trainer['dataParallel']} data-parallel trainers ({trainer.get('backend')}, "
+                         f"{trainer.get('dtype')}): " + ", ".join(f"node {t.get('node')} (pid {t.get('pid')})"
+                                                                   for t in trainer.get("replicas") or []))
+        elif trainer:
             lines.append(f"trainer: node {trainer.get('node')} (pid {trainer.get('pid')}, {trainer.get('dtype')})")
         replicas = cluster.get("samplerReplicas") or []
         if replicas:

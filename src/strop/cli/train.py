@@ -86,9 +86,14 @@ def register(nouns) -> None:
                         "or STROP_VLLM_PYTHON naming a Python that has it) or auto (default: vLLM on a CUDA GPU where "
                         "installed, strop's decoder elsewhere, the faster on a CPU). STROP_SAMPLER sets the default")
     p.add_argument("--ray-address", metavar="auto|HOST:PORT",
-                   help="sample on replicas on this Ray cluster (pip install -e \".[ray]\"); \"auto\": the cluster "
-                        "`ray start --head` started on this machine. Training stays in this process")
+                   help="run on this Ray cluster (pip install -e \".[ray]\"): the trainer (--trainers of them) on "
+                        "actors of their own, and for GRPO the sampler replicas; \"auto\": the cluster "
+                        "`ray start --head` started on this machine")
     p.add_argument("--samplers", type=int, help="sampler replicas on the Ray cluster (default: 1; needs --ray-address)")
+    p.add_argument("--trainers", type=int,
+                   help="data-parallel trainers on the Ray cluster, a GPU each where it has enough, else CPUs "
+                        "(default: 1; needs --ray-address): each takes a share of a step's datums and their "
+                        "gradients are summed before every update, which stays the one trainer's update")
     p.add_argument("--max-off-policy-steps", type=int,
                    help="sample up to N steps ahead while the trainer updates, on rollouts at most N updates old "
                         "(default: 0, every step samples with the weights it trains)")
@@ -110,7 +115,7 @@ FLAG_FIELDS = {"--base-model": "base_model", "--dataset": "dataset", "--limit": 
                "--dtype": "dtype", "--rollout-correction": "rollout_correction",
                "--rollout-correction-cap": "rollout_correction_cap", "--sampler": "sampler",
                "--max-off-policy-steps": "max_off_policy_steps"}
-RAY_FLAGS = "--ray-address/--samplers"
+RAY_FLAGS = "--ray-address/--samplers/--trainers"
 
 
 def config_values(args, rewards: list[dict]) -> dict:
@@ -118,10 +123,12 @@ def config_values(args, rewards: list[dict]) -> dict:
     values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in FLAG_FIELDS.items()}
     if values["init_adapter"]:  # absolute, so a resumed run finds it wherever it is started from
         values["init_adapter"] = str(Path(values["init_adapter"]).resolve())
-    if args.ray_address is not None or args.samplers is not None:
+    if args.ray_address is not None or args.samplers is not None or args.trainers is not None:
         if args.ray_address is None:
-            raise StropError("--samplers places sampler replicas on a Ray cluster: give --ray-address too")
-        values["ray"] = {"address": args.ray_address, "samplers": 1 if args.samplers is None else args.samplers}
+            flag = "--samplers places sampler replicas" if args.samplers is not None else "--trainers places trainers"
+            raise StropError(f"{flag} on a Ray cluster: give --ray-address too")
+        values["ray"] = {"address": args.ray_address, "samplers": 1 if args.samplers is None else args.samplers,
+                         "trainers": 1 if args.trainers is None else args.trainers}
     return {**{k: v for k, v in values.items() if v is not None}, "reward_terms": rewards}
 
 
@@ -156,7 +163,7 @@ def parse_reward(spec: str) -> dict:
 # flags only GRPO reads: refused with --method sft when set to anything but their default
 GRPO_ONLY = ("--limit", "--reward", "--group-size", "--max-tokens", "--temperature", "--kl-beta", "--loss",
              "--scale-by-std", "--system-prompt", "--question-suffix", "--rollout-correction",
-             "--rollout-correction-cap", "--sampler", "--ray-address", "--samplers", "--max-off-policy-steps")
+             "--rollout-correction-cap", "--sampler", "--samplers", "--max-off-policy-steps")
 
 
 def run(args) -> int:
@@ -202,7 +209,7 @@ def run_sft_command(args) -> int:
                            epochs=args.epochs, max_steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
                            lora_rank=args.rank, max_seq_length=args.max_seq_length, eval_every=args.eval_every,
                            save_every=args.save_every, keep_adapters=args.keep_adapters, seed=args.seed,
-                           dtype=args.dtype,
+                           dtype=args.dtype, ray=sft_ray(args),
                            init_adapter=str(Path(args.init_adapter).resolve()) if args.init_adapter else None)
     except StropError as exc:
         raise StropError(str(exc).replace("invalid supervised config", "invalid flags")) from None
@@ -218,6 +225,15 @@ def run_sft_command(args) -> int:
                                                        ("trainedTokens", "TOKENS"), ("stepSeconds", "SECONDS")])
          + f"\n\nrun folder: {s['runDir']}\ntuned adapter: {s['finalAdapter']}")
     return 0
+
+
+def sft_ray(args) -> dict | None:
+    """The Ray settings --ray-address and --trainers give a supervised run (None: it trains in this process)."""
+    if args.ray_address is None:
+        if args.trainers is not None:
+            raise StropError("--trainers places trainers on a Ray cluster: give --ray-address too")
+        return None
+    return {"address": args.ray_address, "trainers": 1 if args.trainers is None else args.trainers}
 
 
 def build_defaults() -> dict:

@@ -240,6 +240,7 @@ class RaySpec(_Strict):
         "auto", accepts=ADDRESS_HELP)
     samplers: int = _limited("ray_samplers", 1)
     env_workers: int = _limited("ray_env_workers", 0)
+    trainers: int | None = _limited("ray_trainers", None, optional=True)  # None: execution.gpus when > 1, else 1
 
 
 class ExecutionSpec(_Strict):
@@ -251,9 +252,10 @@ class ExecutionSpec(_Strict):
     sampler: Literal["auto", "strop", "vllm"] = _field(
         "auto", accepts='"strop" (strop\'s own decoder), "vllm" (vLLM: pip install -e ".[vllm]") or "auto" (vLLM on '
                         'a CUDA GPU where installed, else strop)')
-    ray: RaySpec | None = _field(None, accepts='{"address": "auto" | "HOST:PORT", "samplers": N, "envWorkers": N} to '
-                                              'place sampler replicas and environment workers on a Ray cluster '
-                                              '(pip install -e ".[ray]"), or null: everything in one process')
+    ray: RaySpec | None = _field(None, accepts='{"address": "auto" | "HOST:PORT", "samplers": N, "envWorkers": N, '
+                                              '"trainers": N} to place sampler replicas, environment workers and '
+                                              'data-parallel trainers on a Ray cluster (pip install -e ".[ray]"), '
+                                              'or null: everything in one process')
     max_off_policy_steps: int = _limited("max_off_policy_steps", 0)
 
 
@@ -296,6 +298,15 @@ class RunDescriptor(_Strict):
         return [{"name": name, "weight": term.weight, "grader": ref}
                 for name, term, ref in zip(self.term_names(), terms, grader_refs)]
 
+    def trainer_ray(self) -> dict | None:
+        """execution.ray with its trainers counted: as given, else one a GPU where execution.gpus asks for more
+        than one (data-parallel), else one; None without Ray."""
+        ray = self.execution.ray
+        if ray is None:
+            return None
+        spec = ray.model_dump(by_alias=True)
+        return {**spec, "trainers": spec["trainers"] or max(1, self.execution.gpus)}
+
     def to_grpo_config(self, dataset: str | None, reward_terms: list[dict], **overrides: Any) -> GRPOConfig:
         """The loop's config: this descriptor's numbers, the resolved dataset path and reward-term specs.
 
@@ -315,6 +326,8 @@ class RunDescriptor(_Strict):
         if wrong:
             raise StropError(f"unknown training config overrides {wrong}; known fields: "
                              f"{', '.join(sorted(f.name for f in dataclass_fields(GRPOConfig)))}")
+        if values.get("ray") is not None:
+            values["ray"] = {**values["ray"], "trainers": self.trainer_ray()["trainers"]}
         values.update(overrides)
         problems = [f"{paths.get(name, name)}: {problem}" for name, problem in GRPOConfig.problems_of(values)]
         if problems:
@@ -342,7 +355,7 @@ def to_sft_config(descriptor: RunDescriptor, dataset: str, **overrides: Any):
                   weight_decay=hp.optimizer.weight_decay, grad_clip_norm=hp.optimizer.grad_clip_norm,
                   lora_rank=hp.lora.rank, lora_alpha=hp.lora.alpha, max_seq_length=config.max_seq_length,
                   save_every=descriptor.execution.save_every, keep_adapters=descriptor.execution.keep_adapters,
-                  dtype=descriptor.execution.dtype)
+                  dtype=descriptor.execution.dtype, ray=descriptor.trainer_ray())
     if hp.lora.target_modules is not None:
         raise DescriptorError("run descriptor cannot be run:\n  $.config.*.lora.targetModules: the supervised loop "
                               "adapts every projection; remove it", ["$.config.*.lora.targetModules: remove it"])
@@ -469,6 +482,11 @@ def cross_field_problems(data: Any) -> list[str]:
     if in_range and seq <= completion:  # a value out of its own range is reported once, by its field
         problems.append(f"$.config.maxSeqLength: must be greater than $.config.rlHyperparams.maxCompletionLength "
                         f"({completion}) to leave room for the prompt (got {seq})")
+    execution = child(data, "execution", dict)
+    gpus, trainers = execution.get("gpus"), child(execution, "ray", dict).get("trainers")
+    if _is_int(gpus, least=2) and _is_int(trainers, least=1) and trainers != gpus:
+        problems.append(f"$.execution.ray.trainers: {trainers} data-parallel trainers, but $.execution.gpus asks "
+                        f"for {gpus} (a trainer a GPU); give one of them, or the same number in both")
     method = config.get("method")
     if method == "grpo" and isinstance(data, dict) and "config" in data and config.get("rlHyperparams") is None:
         problems.append("$.config.rlHyperparams: required with method grpo (groupSize, klBeta, temperature, "

@@ -67,7 +67,7 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
     except StropError as exc:
         problems.append(f"$.baseModel: {exc}")
     if descriptor.execution.ray is not None:
-        pinned["ray"] = descriptor.execution.ray.model_dump(by_alias=True)
+        pinned["ray"] = descriptor.trainer_ray()
         try:
             reachable(descriptor.execution.ray.address)  # seconds, where joining a wrong address would hang
         except StropError as exc:

@@ -204,6 +204,23 @@ def _repeated_prefix_rows(plan, targets_B_T) -> list[tuple[int, int, int]]:
     return copies
 
 
+def check_datums(datums: list[Datum], loss_fn: str) -> None:
+    """StropError when `loss_fn` is unknown or a datum lacks an input it needs or has one of the wrong length."""
+    if loss_fn not in REQUIRED_INPUTS:
+        raise StropError(f"unknown loss_fn {loss_fn!r}; choose one of {', '.join(REQUIRED_INPUTS)}")
+    for i, datum in enumerate(datums):
+        missing = [k for k in REQUIRED_INPUTS[loss_fn] if k not in datum.loss_fn_inputs]
+        if missing:
+            raise StropError(f"datum {i}: loss_fn {loss_fn!r} needs loss_fn_inputs {list(REQUIRED_INPUTS[loss_fn])}; "
+                             f"missing {missing}")
+        n = datum.model_input.length
+        for key in REQUIRED_INPUTS[loss_fn]:
+            got = len(datum.loss_fn_inputs[key].data)
+            if got != n:
+                raise StropError(f"datum {i}: loss_fn_inputs[{key!r}] has {got} values but the model input has {n} "
+                                 "tokens; each loss input needs one value per input position")
+
+
 class SharedBase:
     """A base model's frozen weights, loaded once. `module_tree()` gives each trainer a model of its own (its own
     modules, for PEFT to wrap with its own adapter) whose weight and buffer tensors are these, not copies."""
@@ -263,7 +280,7 @@ class LoraTrainer:
         return self._run(datums, loss_fn, loss_fn_config or {}, backward=False)
 
     def _run(self, datums, loss_fn, config, backward) -> ForwardBackwardOutput:
-        self._check(datums, loss_fn)
+        check_datums(datums, loss_fn)
         outputs: list[dict[str, TensorData] | None] = [None] * len(datums)
         totals = {"loss:sum": 0.0, "tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0,
                   "kl_sample_train:max": 0.0, "ratio_outside:sum": 0.0}
@@ -279,21 +296,6 @@ class LoraTrainer:
             for key, value in stats.items():
                 totals[key] = max(totals[key], value) if key.endswith(":max") else totals[key] + value
         return ForwardBackwardOutput(loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics=totals)
-
-    def _check(self, datums: list[Datum], loss_fn: str) -> None:
-        if loss_fn not in REQUIRED_INPUTS:
-            raise StropError(f"unknown loss_fn {loss_fn!r}; choose one of {', '.join(REQUIRED_INPUTS)}")
-        for i, datum in enumerate(datums):
-            missing = [k for k in REQUIRED_INPUTS[loss_fn] if k not in datum.loss_fn_inputs]
-            if missing:
-                raise StropError(f"datum {i}: loss_fn {loss_fn!r} needs loss_fn_inputs {list(REQUIRED_INPUTS[loss_fn])}; "
-                                 f"missing {missing}")
-            n = datum.model_input.length
-            for key in REQUIRED_INPUTS[loss_fn]:
-                got = len(datum.loss_fn_inputs[key].data)
-                if got != n:
-                    raise StropError(f"datum {i}: loss_fn_inputs[{key!r}] has {got} values but the model input has {n} "
-                                     "tokens; each loss input needs one value per input position")
 
     def _micro_batches(self, datums: list[Datum]) -> list[list[int]]:
         batches, current, width = [], [], 0

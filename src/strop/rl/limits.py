@@ -9,8 +9,8 @@ the range and the reason:
     >>> LIMITS["group_size"].problem(10**9)
     'must be an integer from 2 to 1,024 (got 1000000000); a step holds every completion ...'
 
-Keys are GRPOConfig field names; `reward_weight` and `gpus` are the descriptor's alone, `ray_samplers` and
-`ray_env_workers` the numbers of `execution.ray`.
+Keys are GRPOConfig field names; `reward_weight` and `gpus` are the descriptor's alone, `ray_samplers`,
+`ray_env_workers` and `ray_trainers` the numbers of `execution.ray`.
 """
 
 from __future__ import annotations
@@ -124,6 +124,8 @@ LIMITS: dict[str, Limit] = {
                                         "cluster one run should ask for"),
     "ray_env_workers": Limit(0, 1024, True, "each worker is a process; a step has at most batchSize x groupSize "
                                             "episodes to spread over them"),
+    "ray_trainers": Limit(1, 256, True, "each trainer is a process holding the whole model and one shard of a "
+                                        "step's datums; 256 is past any cluster one run should ask for"),
 }
 
 

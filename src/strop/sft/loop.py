@@ -32,6 +32,7 @@ from strop.renderers import get_renderer
 from strop.rl import checkpoints
 from strop.rl.limits import LIMITS
 from strop.rl.config import DTYPE_CHOICES
+from strop.cluster.settings import RaySettings
 from strop.rl.metrics import RunLog, read_jsonl
 from strop.rl.step import adam_params, training_client
 from strop.sft.data import Example, load_examples
@@ -58,6 +59,7 @@ class SFTConfig:
     renderer: str | None = None
     init_adapter: str | None = None        # continue from this adapter folder (its rank, alpha, targets)
     dtype: str = "auto"                    # auto | float32 | bfloat16 (strop.engine.precision)
+    ray: dict | None = None                # {"address", "trainers"}: train on a Ray cluster (strop.cluster)
 
     def __post_init__(self):
         problems = self.problems()
@@ -73,6 +75,8 @@ class SFTConfig:
                     found.append(f"{f.name}: {problem}")
         if self.dtype not in DTYPE_CHOICES:
             found.append(f"dtype: must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if self.ray is not None:
+            found.extend(f"ray: {problem}" for problem in RaySettings.problems(self.ray))
         if not isinstance(self.dataset, str) or not self.dataset:
             found.append("dataset: give a .jsonl file of chat transcripts or prompt/completion pairs")
         if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
@@ -123,7 +127,12 @@ def held_out_loss(training, examples: list[Example], batch_size: int) -> float |
 def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | None = None,
             progress: bool = True) -> SFTResult:
     run_dir = Path(run_dir)
-    service = service or ServiceClient(dtype=config.dtype)
+    if service is None:
+        own = ServiceClient(dtype=config.dtype, ray=config.ray)
+        try:
+            return run_sft(config, run_dir, service=own, progress=progress)
+        finally:
+            own.close()  # the trainers it placed on a Ray cluster end with the run
     training = training_client(service, config)
     renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
                             training.get_tokenizer())
