@@ -147,3 +147,37 @@ def test_the_two_level_draw_never_takes_a_zero_entry_when_rounding_overshoots_a_
     u = torch.tensor([(by_cumsum + by_sum) / 2 / total], dtype=torch.float64)  # past the entries, inside the block
     token = int(inverse_cdf(probs, u)[0])
     assert token < CDF_BLOCK - 5 and probs[0, token] > 0, token
+
+
+def test_qwen3_decodes_through_the_fast_step_with_hf_forwards_numbers(tiny_model_dir, tmp_path):
+    """Qwen3 (seed 003's Qwen3-0.6B) normalises each head's queries and keys before the rotation: a small random
+    Qwen3 gives the same tokens and logprobs through the fast step as through HF's forward, adapter or not."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    config = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         eos_token_id=0, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # norms away from 1, so a decoder that skipped q_norm/k_norm would differ
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 2.0)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 2.0)
+    model.save_pretrained(tmp_path / "qwen3")
+    fast = SamplerEngine(tmp_path / "qwen3")
+    plain = SamplerEngine(tmp_path / "qwen3", fast_decode=False)
+    assert fast._decoder is not None and plain._decoder is None
+    prompts = [[5, 17, 99, 3], [40, 41, 42, 43, 44, 45, 46], [7]]
+    params = [SamplingParams(max_tokens=12, temperature=0, stop=[]), SamplingParams(max_tokens=10, seed=3, stop=[]),
+              SamplingParams(max_tokens=6, seed=4, top_k=30, stop=[])]
+    requests = [SampleRequest(prompt_tokens=p, num_samples=2, params=q) for p, q in zip(prompts, params)]
+    assert_same(run(fast, requests), run(plain, requests))
+    gen = torch.Generator().manual_seed(1)
+    name = "model.layers.1.self_attn.q_proj"
+    out_f, in_f = fast._modules[name].weight.shape
+    adapter = AdapterWeights(deltas={name: (torch.randn(2, in_f, generator=gen), torch.randn(out_f, 2, generator=gen))},
+                             scaling=0.5)
+    fast.activate(adapter)
+    plain.activate(adapter)
+    assert_same(run(fast, requests), run(plain, requests))
+    config.layer_types = ["full_attention", "sliding_attention"]
+    assert LlamaDecoder.for_model(AutoModelForCausalLM.from_config(config)) is None

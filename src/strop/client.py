@@ -26,7 +26,8 @@ from strop.engine.resources import plan_grpo_memory
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.samplers import check_sampler, make_engine, resolve_sampler
 from strop.engine.trainer import LoraTrainer, SharedBase, load_adapter_weights
-from strop.engine.precision import check_dtype, engine_facts, resolve_dtype, sampler_dtype_for, torch_dtype
+from strop.engine.precision import (check_dtype, engine_facts, resolve_dtype, sampler_dtype_for, torch_dtype,
+                                    train_device)
 from strop.cluster.settings import RaySettings
 from strop.errors import StropError
 from strop.files import check_regular
@@ -102,8 +103,9 @@ class LocalBackend:
 
     def __init__(self, dtype: str = "auto", max_batch: int = 64, sampler_dtype: str | None = None,
                  sampler: str | None = "auto", sampler_options: dict | None = None, ray: dict | None = None):
-        self.dtype = resolve_dtype(dtype)  # what the trainers compute in, named once for the whole process
-        self.sampler_dtype = torch_dtype(sampler_dtype or sampler_dtype_for(dtype))
+        self.device = train_device()  # where the trainers compute: a CUDA GPU when torch sees one
+        self.dtype = resolve_dtype(dtype, self.device)  # what they compute in, named once for the whole process
+        self.sampler_dtype = torch_dtype(sampler_dtype or sampler_dtype_for(dtype, self.device))
         self.sampler = resolve_sampler(sampler)  # which engine samples: "strop" or "vllm"
         self.sampler_options = dict(sampler_options or {})
         # on Ray, each replica decides `auto` (sampler and dtype) for the hardware it runs on
@@ -121,7 +123,7 @@ class LocalBackend:
         key = (str(self.model_dir(base_model)), dtype)
         with self._bases_lock:
             if key not in self._bases:
-                self._bases[key] = SharedBase(key[0], dtype)
+                self._bases[key] = SharedBase(key[0], dtype, self.device)
             return self._bases[key]
 
     def model_dir(self, base_model: str) -> Path:
@@ -147,7 +149,7 @@ class LocalBackend:
         if queue is None:
             options = self.sampler_options if self.sampler == "vllm" else {}  # the vLLM engine's settings
             engine = make_engine(self.sampler, path, tokenizer=self.tokenizer(base_model), dtype=self.sampler_dtype,
-                                 max_batch=self.max_batch, **options)
+                                 max_batch=self.max_batch, device=self.device, **options)
             queue = self._queues[path] = _SampleQueue(engine)
         return queue
 
@@ -278,6 +280,8 @@ class TrainingClient:
         """What this client trains and its sampling clients sample in, and on which CPU kernels (a strop
         extension: runs record it in engine.json)."""
         placed = {"trainer": self.trainer.facts} if hasattr(self.trainer, "facts") else {}  # on Ray: where it ran
+        if hasattr(self.trainer, "device"):
+            placed["trainerDevice"] = str(self.trainer.device)
         return {**engine_facts(self.trainer.compute_dtype, self.backend.sampler_dtype), **self.backend.sampler_facts(),
                 **placed}
 

@@ -33,18 +33,17 @@ class SamplerReplica:
 
     def __init__(self, base_model: str, model_dir: str, sampler: str, dtype: str, max_batch: int, options: dict):
         # lazy: the actor's process imports the engine, the driver need not
-        import torch
-
-        from strop.engine.precision import sampler_dtype_for, torch_dtype
+        from strop.engine.precision import sampler_dtype_for, torch_dtype, train_device
         from strop.engine.samplers import make_engine, resolve_sampler
         from strop.models import load_tokenizer, resolve_model
 
         # another node may not have the driver's folder: it finds the model by its id (its cache, or the hub)
         path = model_dir if Path(model_dir).is_dir() else str(resolve_model(base_model))
         self.sampler = resolve_sampler(sampler)
+        device = train_device()  # the GPU Ray gave this actor, where it has one
         self.engine = make_engine(self.sampler, path, tokenizer=load_tokenizer(path),
-                                  dtype=torch_dtype(sampler_dtype_for(dtype, "cuda" if torch.cuda.is_available() else "cpu")), max_batch=max_batch,
-                                  **(options if self.sampler == "vllm" else {}))
+                                  dtype=torch_dtype(sampler_dtype_for(dtype, device)), max_batch=max_batch,
+                                  device=device, **(options if self.sampler == "vllm" else {}))
         self.key = None
 
     def where(self) -> dict:

@@ -48,13 +48,15 @@ class TrainerReplica:
         # lazy: the actor's process loads the trainer, the driver need not
         import torch
 
-        from strop.engine.precision import resolve_dtype, torch_dtype
+        from strop.engine.precision import resolve_dtype, torch_dtype, train_device
         from strop.engine.trainer import LoraTrainer
         from strop.models import resolve_model
 
         torch.set_num_threads(os.cpu_count() or 1)  # Ray sets one thread; the trainer is the node's main work
         path = model_dir if Path(model_dir).is_dir() else str(resolve_model(base_model))
-        self.trainer = LoraTrainer(path, compute_dtype=torch_dtype(resolve_dtype(dtype)), **options)
+        device = train_device()  # the GPU Ray gave this actor, where it has one
+        self.trainer = LoraTrainer(path, compute_dtype=torch_dtype(resolve_dtype(dtype, device)), device=device,
+                                   **options)
         self.scratch = Path(tempfile.mkdtemp(prefix="strop-trainer-"))
         self.world = 1
 

@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from strop.engine import unmerged
 
 # architectures whose decoder layers are self_attn.{q,k,v,o}_proj without biases, mlp.{gate,up,down}_proj,
-# input_layernorm and post_attention_layernorm, with a shared rotary embedding: Llama's layout
-SUPPORTED = {"llama", "mistral"}
+# input_layernorm and post_attention_layernorm, with a shared rotary embedding: Llama's layout (Qwen3 adds an
+# RMSNorm over each head's queries and keys before the rotary embedding: self_attn.{q,k}_norm)
+SUPPORTED = {"llama", "mistral", "qwen3"}
 # where an unmerged adapter's factors go in a layer
 LORA_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
                 "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
@@ -63,6 +64,7 @@ class LlamaDecoder:
                 "gate_up": _fuse([mlp.gate_proj, mlp.up_proj]), "down": mlp.down_proj, "act": mlp.act_fn,
                 "norm1": layer.input_layernorm, "norm2": layer.post_attention_layernorm,
                 "intermediate": mlp.gate_proj.weight.shape[0],
+                "q_norm": getattr(attn, "q_norm", None), "k_norm": getattr(attn, "k_norm", None),
             })
 
     @classmethod
@@ -70,7 +72,8 @@ class LlamaDecoder:
         """A decoder for `model`, or None when its architecture (or a bias, sliding window...) is not Llama's."""
         cfg = model.config
         if getattr(cfg, "model_type", None) not in SUPPORTED or getattr(cfg, "attention_bias", False) \
-                or getattr(cfg, "mlp_bias", False) or getattr(cfg, "sliding_window", None):
+                or getattr(cfg, "mlp_bias", False) or getattr(cfg, "sliding_window", None) \
+                or any(kind != "full_attention" for kind in getattr(cfg, "layer_types", None) or []):
             return None
         inner = getattr(model, "model", None)
         if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(model, "lm_head"):
@@ -105,7 +108,7 @@ class DecodeState:
         B, T = mask_B_T.shape
         self.length, self.limit = T, T + max_new
         capacity = min(self.limit, T + self.GROW)
-        self.valid_B_L = torch.zeros((B, capacity), dtype=torch.bool)
+        self.valid_B_L = torch.zeros((B, capacity), dtype=torch.bool, device=mask_B_T.device)
         self.valid_B_L[:, :T] = mask_B_T.bool()
         self.keys, self.values = [], []
         for layer in cache.layers:
@@ -143,8 +146,8 @@ class DecodeState:
         n = t + 1
         groups = d.heads // d.kv_heads
         # additive mask [B, 1, 1, n]: 0 where a slot is real, -inf on left padding
-        bias = torch.zeros((B, 1, 1, n), dtype=torch.float32).masked_fill_(~self.valid_B_L[:, None, None, :n],
-                                                                           float("-inf"))
+        bias = torch.zeros((B, 1, 1, n), dtype=torch.float32, device=tokens_B.device)
+        bias.masked_fill_(~self.valid_B_L[:, None, None, :n], float("-inf"))
         low_bias = bias.to(self.keys[0].dtype) if self.keys[0].dtype != torch.float32 else None
         h_B_1_H = d.embed(tokens_B[:, None])
         cos, sin = d.rotary(h_B_1_H, positions_B[:, None])  # [B, 1, head_dim]
@@ -161,6 +164,8 @@ class DecodeState:
             q = qkv[:, :q_width].view(B, d.heads, 1, d.head_dim)
             k = qkv[:, q_width:q_width + kv_width].view(B, d.kv_heads, 1, d.head_dim)
             v = qkv[:, q_width + kv_width:].view(B, d.kv_heads, 1, d.head_dim)
+            if layer["q_norm"] is not None:  # Qwen3: each head's query and key normalised before the rotation
+                q, k = layer["q_norm"](q), layer["k_norm"](k)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             keys, values = self.keys[i], self.values[i]

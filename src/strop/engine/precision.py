@@ -91,6 +91,24 @@ def torch_dtype(name: str | None = "auto", device: str = "cpu"):
     return getattr(torch, resolve_dtype(name, device))
 
 
+def train_device(name: str | None = None) -> str:
+    """Where the trainer computes: `name`, else STROP_DEVICE, else "cuda" when torch sees a CUDA GPU (a Ray
+    actor given one sees just it), else "cpu". "cuda:N" picks a GPU; asking for CUDA where there is none is
+    refused, with the count found."""
+    import torch  # lazy: checking a config's dtype needs no torch
+    name = name or os.environ.get("STROP_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return name
+    kind, _, index = name.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise StropError(f"STROP_DEVICE must be cpu, cuda or cuda:N, got {name[:40]!r}")
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if int(index or 0) >= found:
+        raise StropError(f"device {name!r} asked for, and torch sees {found} CUDA GPU{'s' if found != 1 else ''} "
+                         "here: unset STROP_DEVICE, or run where the GPU is")
+    return name
+
+
 def kernels() -> str:
     """The CPU's vector kernels as torch dispatches them, and its bf16 units: a benchmark's figures depend on both."""
     import torch  # lazy: checking a config's dtype needs no torch

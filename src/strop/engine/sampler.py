@@ -132,9 +132,13 @@ def row_seed(seed: int, index: int) -> int:
 
 class SamplerEngine:
     def __init__(self, model_dir: str | Path, tokenizer=None, dtype: torch.dtype = torch.float32, max_batch: int = 64,
-                 fast_decode: bool = True, prefix_cache_bytes: int | None = None):
+                 fast_decode: bool = True, prefix_cache_bytes: int | None = None, device: str = "cpu"):
+        """`device`: where the model computes ("cpu", or "cuda[:N]"); choosing each token (seeded generators,
+        grammars, stop strings) stays on the CPU, so a seed draws the same tokens wherever the model ran, as far
+        as the two devices' logits agree."""
         hf_logging.disable_progress_bar()
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(self.device).eval()
         self.model.requires_grad_(False)
         # Llama-style models decode through strop's own step (see engine.decode); others through HF's forward
         self._decoder = LlamaDecoder.for_model(self.model) if fast_decode else None
@@ -182,7 +186,7 @@ class SamplerEngine:
                     weight = self._modules[name].weight
                     if name not in self._base_weights:
                         self._base_weights[name] = weight.detach().clone()
-                    merged = self._base_weights[name].float() + adapter.delta(name)
+                    merged = self._base_weights[name].float() + adapter.delta(name).to(weight.device)
                     weight.copy_(merged.to(weight.dtype))
         self._active = adapter
 
@@ -198,7 +202,7 @@ class SamplerEngine:
             if name not in self._modules:
                 raise KeyError(f"adapter targets module {name!r}, which the base model does not have")
         for name, (lora_a, lora_b) in adapter.deltas.items():
-            factors = (lora_a.to(self.dtype), (lora_b.float() * adapter.scaling).to(self.dtype))
+            factors = (lora_a.to(self.device, self.dtype), (lora_b.float() * adapter.scaling).to(self.device, self.dtype))
             unmerged.install(self._modules[name], *factors)
             self._unmerged[name] = factors
         if self._decoder is not None:
@@ -271,18 +275,19 @@ class SamplerEngine:
         distinct: dict[tuple[int, ...], int] = {}
         row_to_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         logits_P_V, cache, mask = self._prefill(list(distinct))
-        select = torch.tensor(row_to_prompt, dtype=torch.long)
+        select = torch.tensor(row_to_prompt, dtype=torch.long, device=self.device)
         cache.batch_select_indices(select)
         logits_B_V = logits_P_V[select]
         mask = mask[select]
-        next_pos_B = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        next_pos_B = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
         state = self._decoder.start(cache, mask, max(r.max_tokens for r in rows)) if self._decoder else None
         if state is not None:
             del cache  # its keys and values now live in the decoder's buffers
 
         live = list(range(len(rows)))  # which rows the batch dimension holds, in order
         while True:
-            tokens_B, logprobs_B = self._pick(logits_B_V, [rows[i] for i in live])
+            tokens_B, logprobs_B = self._pick(logits_B_V.cpu(), [rows[i] for i in live])  # no copy on a CPU
+            tokens_B = tokens_B.to(self.device)
             keep = []
             for b, i in enumerate(live):
                 row = rows[i]
@@ -300,7 +305,7 @@ class SamplerEngine:
             if not keep:
                 return
             if len(keep) < len(live):
-                keep_t = torch.tensor(keep, dtype=torch.long)
+                keep_t = torch.tensor(keep, dtype=torch.long, device=self.device)
                 if state is not None:
                     state.select(keep_t)
                 else:
@@ -310,7 +315,7 @@ class SamplerEngine:
             if state is not None:
                 logits_B_V = state.step(tokens_B, next_pos_B)
             else:
-                mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype)], dim=1)
+                mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
                 out = self.model(input_ids=tokens_B[:, None], attention_mask=mask, position_ids=next_pos_B[:, None],
                                  use_cache=True, **{self._cache_kw: cache})
                 logits_B_V = out.logits[:, -1, :].float()
@@ -337,6 +342,7 @@ class SamplerEngine:
             positions[i, width - len(rest):] = torch.arange(n, n + len(rest))
             mask[i, cached - n:cached] = 1
             mask[i, cached + width - len(rest):] = 1
+        input_ids, mask, positions = (t.to(self.device) for t in (input_ids, mask, positions))
         cache = DynamicCache()
         if cached:
             self._fill_cache(cache, hits, cached)
@@ -452,6 +458,7 @@ class SamplerEngine:
             for b, i in enumerate(batch):
                 ids[b, :len(sequences[i])] = torch.tensor(sequences[i], dtype=torch.long)
                 mask[b, :len(sequences[i])] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
             logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
             lp = (logits.gather(-1, ids[:, 1:, None])[..., 0] - torch.logsumexp(logits, -1))
             for b, i in enumerate(batch):

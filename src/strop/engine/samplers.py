@@ -40,12 +40,14 @@ def resolve_sampler(name: str | None = "auto") -> str:
     return "vllm" if torch.cuda.is_available() and vllm_available() else "strop"
 
 
-def make_engine(name: str, model_dir: str | Path, *, tokenizer, dtype, max_batch: int = 64, **options):
-    """A started engine of that name (VllmEngineError, naming the extra to install, when vLLM is missing)."""
+def make_engine(name: str, model_dir: str | Path, *, tokenizer, dtype, max_batch: int = 64, device: str = "cpu",
+                **options):
+    """A started engine of that name (VllmEngineError, naming the extra to install, when vLLM is missing); strop's
+    own computes on `device` (vLLM picks its own)."""
     if name == "vllm":
         from strop.engine.vllm_engine import VllmEngine  # lazy: each engine's module loads only when chosen
         return VllmEngine(model_dir, tokenizer=tokenizer, dtype=dtype, max_batch=max_batch, **options)
     if name == "strop":
         from strop.engine.sampler import SamplerEngine  # lazy: each engine's module loads only when chosen
-        return SamplerEngine(model_dir, tokenizer=tokenizer, dtype=dtype, max_batch=max_batch)
+        return SamplerEngine(model_dir, tokenizer=tokenizer, dtype=dtype, max_batch=max_batch, device=device)
     raise StropError(f"unknown sampler {name!r}; use one of {', '.join(NAMES)}")

@@ -32,6 +32,7 @@ from transformers.utils import logging as hf_logging
 from strop.engine import lora_linear
 from strop.engine.losses import DRO_BETA, LOSSES, ratio_stats, sequence_loss
 from strop.engine.malloc import keep_freed_memory
+from strop.engine.precision import train_device
 from strop.engine.resources import HEAD_CHUNK, HEAD_KEEP_BYTES, MAX_TOKENS_PER_MICRO_BATCH
 from strop.engine.sampler import AdapterWeights, cache_keyword
 from strop.errors import StropError
@@ -87,7 +88,7 @@ class _TargetLogprob(torch.autograd.Function):
         else:
             grad_N_V = _at_least_fp32(hidden_N_H @ weight_V_H.t())
             grad_N_V.sub_(kept[:, None]).exp_().mul_(-grad_lp_N[:, None])  # -g * softmax
-        grad_N_V[torch.arange(len(targets_N)), targets_N] += grad_lp_N  # + g * onehot(target)
+        grad_N_V[torch.arange(len(targets_N), device=targets_N.device), targets_N] += grad_lp_N  # + g * onehot(target)
         return (grad_N_V.to(hidden_N_H.dtype) @ weight_V_H), None, None, None
 
 
@@ -156,36 +157,37 @@ def _prefix_shared_hidden(inner, input_ids_B_T, mask_B_T, lengths, prefix_of, ow
     from transformers.cache_utils import DynamicCache
     B, T = input_ids_B_T.shape
     U, P = len(owner_of), max(lengths[b] for b in owner_of)
-    prefix_ids = torch.zeros((U, P), dtype=torch.long)
-    prefix_mask = torch.zeros((U, P), dtype=torch.long)
+    device = input_ids_B_T.device
+    prefix_ids = torch.zeros((U, P), dtype=torch.long, device=device)
+    prefix_mask = torch.zeros((U, P), dtype=torch.long, device=device)
     for u, b in enumerate(owner_of):
         prefix_ids[u, :lengths[b]] = input_ids_B_T[b, :lengths[b]]
         prefix_mask[u, :lengths[b]] = 1
     cache, cache_kw = DynamicCache(), cache_keyword(inner)
     prefix_hidden = inner(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True,
                           **{cache_kw: cache}).last_hidden_state
-    cache.batch_select_indices(torch.tensor(prefix_of))
+    cache.batch_select_indices(torch.tensor(prefix_of, device=device))
     rest = [int(mask_B_T[b].sum()) - lengths[b] for b in range(B)]
     S = max(rest)
-    rest_ids = torch.zeros((B, S), dtype=torch.long)
-    rest_mask = torch.zeros((B, P + S), dtype=torch.long)
-    positions = torch.zeros((B, S), dtype=torch.long)
+    rest_ids = torch.zeros((B, S), dtype=torch.long, device=device)
+    rest_mask = torch.zeros((B, P + S), dtype=torch.long, device=device)
+    positions = torch.zeros((B, S), dtype=torch.long, device=device)
     for b in range(B):
         n, r = lengths[b], rest[b]
         rest_ids[b, :r] = input_ids_B_T[b, n:n + r]
         rest_mask[b, :n] = 1  # this row's prefix slots (the rest of the P are another prefix's padding)
         rest_mask[b, P:P + r] = 1
-        positions[b] = torch.arange(n, n + S)
+        positions[b] = torch.arange(n, n + S, device=device)
     rest_hidden = inner(input_ids=rest_ids, attention_mask=rest_mask, position_ids=positions, use_cache=True,
                         **{cache_kw: cache}).last_hidden_state
     # row b, position t: its prefix's hidden state for t < lengths[b], else its own rest's
     H = prefix_hidden.shape[-1]
     flat = torch.cat([prefix_hidden.reshape(U * P, H), rest_hidden.reshape(B * S, H)])
-    index = torch.zeros((B, T), dtype=torch.long)
+    index = torch.zeros((B, T), dtype=torch.long, device=device)
     for b in range(B):
         n, r = lengths[b], rest[b]
-        index[b, :n] = prefix_of[b] * P + torch.arange(n)
-        index[b, n:n + r] = U * P + b * S + torch.arange(r)
+        index[b, :n] = prefix_of[b] * P + torch.arange(n, device=device)
+        index[b, n:n + r] = U * P + b * S + torch.arange(r, device=device)
     return flat[index]
 
 
@@ -225,9 +227,9 @@ class SharedBase:
     """A base model's frozen weights, loaded once. `module_tree()` gives each trainer a model of its own (its own
     modules, for PEFT to wrap with its own adapter) whose weight and buffer tensors are these, not copies."""
 
-    def __init__(self, model_dir: str | Path, dtype: torch.dtype):
+    def __init__(self, model_dir: str | Path, dtype: torch.dtype, device: str = "cpu"):
         hf_logging.disable_progress_bar()
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
         self.model.config.use_cache = False
         self.model.requires_grad_(False)
 
@@ -240,9 +242,11 @@ class LoraTrainer:
     def __init__(self, model_dir: str | Path, *, rank: int = 32, alpha: float | None = None,
                  target_modules: list[str] | None = None, seed: int = 0,
                  compute_dtype: torch.dtype | None = None, max_tokens_per_batch: int = MAX_TOKENS_PER_MICRO_BATCH,
-                 shared_base: SharedBase | None = None):
+                 shared_base: SharedBase | None = None, device: str | None = None):
         """`shared_base`: take the frozen base weights from there instead of loading them, so several trainers on
-        one base model (sessions of `strop serve-tinker`, an SFT warm start then GRPO) hold them once."""
+        one base model (sessions of `strop serve-tinker`, an SFT warm start then GRPO) hold them once.
+        `device`: where to compute (strop.engine.precision.train_device: a CUDA GPU when there is one); datums,
+        outputs, adapters and files stay on the CPU side."""
         if rank < 1:
             raise StropError(f"LoRA rank must be a positive integer, got {rank}")
         self.model_dir = str(model_dir)
@@ -250,7 +254,9 @@ class LoraTrainer:
         # bf16 compute: the frozen base in bf16; PEFT keeps the LoRA weights fp32 (autocast_adapter_dtype), and
         # lora_linear casts them for each product (strop.engine.precision)
         self.compute_dtype = compute_dtype or torch.float32
-        base = (shared_base or SharedBase(self.model_dir, self.compute_dtype)).module_tree()
+        self.device = (next(shared_base.model.parameters()).device if shared_base is not None
+                       else torch.device(train_device(device)))
+        base = (shared_base or SharedBase(self.model_dir, self.compute_dtype, self.device)).module_tree()
         present = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
         targets = target_modules or [t for t in DEFAULT_TARGETS if t in present]
         missing = [t for t in targets if t not in present]
@@ -327,10 +333,11 @@ class LoraTrainer:
             active[b, :n] = (row["weights"] if loss_fn == "cross_entropy" else row["advantages"]) != 0
             if loss_fn == "dro":   # its penalty holds on every sampled token, advantage or not (prompt positions: q = 0)
                 active[b, :n] |= row["logprobs"] != 0
-            inputs.append(row)
+            inputs.append({k: v.to(self.device) for k, v in row.items()})
+        input_ids, mask, targets, active = (t.to(self.device) for t in (input_ids, mask, targets, active))
         lp_B_T, entropy_B_T = self._target_logprobs(input_ids, mask, targets, active)
 
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device)
         outputs, stats = [], {"tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0,
                               "kl_sample_train:max": 0.0, "ratio_outside:sum": 0.0}
         low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
@@ -350,8 +357,8 @@ class LoraTrainer:
             total = total + loss
             stats["tokens:sum"] += float(active_T.sum())
             stats["entropy:sum"] += float(entropy_B_T[b, :n][active_T].sum())
-            outputs.append({"logprobs": TensorData.from_torch(lp_T.detach()),
-                            "entropy": TensorData.from_torch(entropy_B_T[b, :n])})
+            outputs.append({"logprobs": TensorData.from_torch(lp_T.detach().cpu()),
+                            "entropy": TensorData.from_torch(entropy_B_T[b, :n].cpu())})
         return total, outputs, stats
 
     def _target_logprobs(self, input_ids, mask, targets, active):
@@ -366,8 +373,8 @@ class LoraTrainer:
             hidden_B_T_H = base.model(input_ids=input_ids, attention_mask=mask.long()).last_hidden_state
         else:
             hidden_B_T_H = _prefix_shared_hidden(base.model, input_ids, mask, *plan)
-        lp_B_T = torch.zeros(mask.shape, dtype=torch.float32)
-        entropy_B_T = torch.zeros(mask.shape, dtype=torch.float32)
+        lp_B_T = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        entropy_B_T = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         grad_pos = active & mask if torch.is_grad_enabled() else torch.zeros_like(mask)
         copies = _repeated_prefix_rows(plan, targets)
         rest_pos = mask & ~grad_pos
@@ -413,8 +420,8 @@ class LoraTrainer:
         for name, module in self.model.named_modules():
             if isinstance(module, LoraLayer) and "default" in module.lora_A:
                 base_name = name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
-                deltas[base_name] = (module.lora_A["default"].weight.detach().clone(),
-                                     module.lora_B["default"].weight.detach().clone())
+                deltas[base_name] = (module.lora_A["default"].weight.detach().to("cpu", copy=True),
+                                     module.lora_B["default"].weight.detach().to("cpu", copy=True))
         return AdapterWeights(deltas=deltas, scaling=self.config.lora_alpha / self.config.r)
 
     def save_weights(self, path: str | Path) -> Path:
@@ -444,7 +451,7 @@ class LoraTrainer:
             raise StropError(f"{path} does not match this model's adapter: unexpected keys {result.unexpected_keys[:3]}")
         optimizer_file = path / "optimizer.pt"
         if with_optimizer and optimizer_file.exists():
-            state = torch.load(optimizer_file, weights_only=False)["optimizer"]
+            state = torch.load(optimizer_file, weights_only=False, map_location=self.device)["optimizer"]
             if state is not None:
                 self.optimizer = torch.optim.AdamW(self.trainable_parameters())
                 self.optimizer.load_state_dict(state)
@@ -453,7 +460,7 @@ class LoraTrainer:
             self.steps = json.loads(meta.read_text())["steps"]
 
     def lora_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+        return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(self.model).items()}
 
 
 def load_adapter_weights(adapter_dir: str | Path) -> AdapterWeights:
