@@ -384,3 +384,26 @@ def test_strop_train_sft_with_data_parallel_trainers(cluster, tiny_model_dir, tm
     assert facts["trainer"]["dataParallel"] == 2
     done, _ = _strop("train", "--method", "sft", "--dataset", str(data), "--trainers", "2")
     assert done.returncode == 1 and "--trainers places trainers on a Ray cluster: give --ray-address too" in done.stderr
+
+
+def test_a_data_parallel_replica_that_dies_fails_the_step_and_stops_the_others(cluster, tiny_model_dir):
+    from strop.cluster.connect import ClusterError
+    from strop.cluster.trainer import RemoteTrainer
+
+    settings = RaySettings(address=cluster.address, trainers=2)
+    two = RemoteTrainer("strop/tiny-random", tiny_model_dir, settings=settings, dtype="float32", rank=4, seed=3)
+    first, second = (r["pid"] for r in two.facts["replicas"])
+    try:
+        two.forward_backward(_is_datums(4, seed=1), "importance_sampling")
+        os.kill(second, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(ClusterError, match="died .*run the same command again to resume"):
+            two.optim_step(types.AdamParams(learning_rate=1e-2))  # the all-reduce would wait for it for ever
+        assert time.monotonic() - started < 60
+        deadline = time.monotonic() + 30
+        while psutil.pid_exists(first) and psutil.Process(first).status() != psutil.STATUS_ZOMBIE \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+    finally:
+        two.close()
