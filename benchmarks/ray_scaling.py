@@ -157,6 +157,8 @@ def data_parallel(address: str, args) -> list[dict]:
                 trainer.optim_step(adam)
                 forward.append(t1 - t0)
                 optim.append(time.perf_counter() - t1)
+                print(f"  {where}: step {len(optim)} forward_backward {forward[-1]:.2f} s, optim_step "
+                      f"{optim[-1]:.3f} s", flush=True)
             weights = trainer.lora_state_dict() if isinstance(trainer, LoraTrainer) else trainer.replica_weights()[0]
         finally:
             getattr(trainer, "close", lambda: None)()
@@ -179,11 +181,12 @@ def main() -> int:
     cli.add_argument("--group", type=int, default=4)
     cli.add_argument("--tokens", type=int, default=32)
     cli.add_argument("--grader-ms", type=float, default=100.0, help="the verifier's wait per call (default: %(default)s)")
-    cli.add_argument("--dp-datums", type=int, default=8, help="datums a data-parallel step (default: %(default)s)")
-    cli.add_argument("--dp-tokens", type=int, default=512, help="tokens of the longest (default: %(default)s)")
-    cli.add_argument("--dp-steps", type=int, default=4)
+    cli.add_argument("--dp-datums", type=int, default=4, help="datums a data-parallel step (default: %(default)s)")
+    cli.add_argument("--dp-tokens", type=int, default=256, help="tokens of the longest (default: %(default)s)")
+    cli.add_argument("--dp-steps", type=int, default=3)
     cli.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                      help="what the data-parallel part's trainers compute in (default: %(default)s)")
+    cli.add_argument("--parts", default="1,2,3", help="which parts to run (default: all three)")
     cli.add_argument("--quick", action="store_true", help="a smoke run: 8 episodes, 1-2 workers, 3 steps of the tiny "
                                                           "random model")
     cli.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="strop-ray-bench-")))
@@ -206,25 +209,30 @@ def main() -> int:
         facts = cluster_facts()
         print(f"Ray {facts['rayVersion']} cluster at {cluster.address}: {len(facts['nodes'])} nodes, "
               f"{facts['cpus']:g} CPUs", flush=True)
-        envs = env_scaling(cluster.address, args)
-        print(f"\n{args.episodes} finance-sql episodes, {args.latency_ms:g} ms per tool call:")
-        print(f"{'where':<36}{'seconds':>9}{'speedup':>9}  same rewards")
-        for row in envs:
-            print(f"{row['where']:<36}{row['seconds']:>9.2f}{row['speedup']:>8.2f}x  {row['sameRewards']}")
-        steps = off_policy(cluster.address, args, args.out)
-        print(f"\nGRPO on {args.model}, {args.prompts}x{args.group} rollouts a step, 2 sampler replicas, a verifier "
-              f"of {args.grader_ms:g} ms a call, {args.steps} steps (means over steps 1..):")
-        print(f"{'maxOffPolicySteps':<19}{'run s':>8}{'step s':>8}{'sample s':>10}{'train s':>9}{'overlap s':>11}")
-        for row in steps:
-            print(f"{row['maxOffPolicySteps']:<19}{row['runSeconds']:>8.1f}{row['stepSeconds']:>8.2f}"
-                  f"{row['sampleSeconds']:>10.2f}{row['trainSeconds']:>9.2f}{row['overlapSeconds']:>11.2f}")
-        trainers = data_parallel(cluster.address, args)
-        print(f"\nSupervised steps of {args.model} ({args.dtype}), {args.dp_datums} datums of <= {args.dp_tokens} "
-              f"tokens a step, {args.dp_steps} steps (means over steps 1..):")
-        print(f"{'where':<36}{'fwd+bwd s':>10}{'optim s':>9}{'adapter vs here':>17}")
-        for row in trainers:
-            print(f"{row['where']:<36}{row['forwardBackwardSeconds']:>10.2f}{row['optimStepSeconds']:>9.3f}"
-                  f"{row['adapterMaxDiff']:>17.2e}")
+        parts = {p.strip() for p in args.parts.split(",")}
+        envs = steps = trainers = None
+        if "1" in parts:
+            envs = env_scaling(cluster.address, args)
+            print(f"\n{args.episodes} finance-sql episodes, {args.latency_ms:g} ms per tool call:")
+            print(f"{'where':<36}{'seconds':>9}{'speedup':>9}  same rewards")
+            for row in envs:
+                print(f"{row['where']:<36}{row['seconds']:>9.2f}{row['speedup']:>8.2f}x  {row['sameRewards']}")
+        if "2" in parts:
+            steps = off_policy(cluster.address, args, args.out)
+            print(f"\nGRPO on {args.model}, {args.prompts}x{args.group} rollouts a step, 2 sampler replicas, a "
+                  f"verifier of {args.grader_ms:g} ms a call, {args.steps} steps (means over steps 1..):")
+            print(f"{'maxOffPolicySteps':<19}{'run s':>8}{'step s':>8}{'sample s':>10}{'train s':>9}{'overlap s':>11}")
+            for row in steps:
+                print(f"{row['maxOffPolicySteps']:<19}{row['runSeconds']:>8.1f}{row['stepSeconds']:>8.2f}"
+                      f"{row['sampleSeconds']:>10.2f}{row['trainSeconds']:>9.2f}{row['overlapSeconds']:>11.2f}")
+        if "3" in parts:
+            trainers = data_parallel(cluster.address, args)
+            print(f"\nSupervised steps of {args.model} ({args.dtype}), {args.dp_datums} datums of <= {args.dp_tokens} "
+                  f"tokens a step, {args.dp_steps} steps (means over steps 1..):")
+            print(f"{'where':<36}{'fwd+bwd s':>10}{'optim s':>9}{'adapter vs here':>17}")
+            for row in trainers:
+                print(f"{row['where']:<36}{row['forwardBackwardSeconds']:>10.2f}{row['optimStepSeconds']:>9.3f}"
+                      f"{row['adapterMaxDiff']:>17.2e}")
         import ray
         ray.shutdown()
     print(f"run folders: {args.out}")
