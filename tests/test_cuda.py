@@ -79,7 +79,8 @@ def test_the_sampler_on_cuda_draws_the_cpu_samplers_tokens(tiny_model_dir):
     gpu = SamplerEngine(tiny_model_dir, device="cuda")
     requests = [SampleRequest(prompt_tokens=[5, 9, 13, 2, 7], num_samples=3,
                               params=SamplingParams(max_tokens=16, seed=4, stop=[])),
-                SampleRequest(prompt_tokens=[8, 8, 1], num_samples=2, params=SamplingParams(max_tokens=12, temperature=0))]
+                SampleRequest(prompt_tokens=[8, 8, 1], num_samples=2,
+                              params=SamplingParams(max_tokens=12, temperature=0))]
     a, b = cpu.generate(requests), gpu.generate(requests)
     for ra, rb in zip(a, b):
         for sa, sb in zip(ra.sequences, rb.sequences):

@@ -184,7 +184,8 @@ class RemoteTrainer:
             return self.ray.get(ref, timeout=timeout)
         except exceptions.GetTimeoutError:
             raise ClusterError(f"the trainer did not start within {timeout:g} s (or its data-parallel replicas did "
-                               "not reach each other); `ray status` shows whether the cluster has room for it") from None
+                               "not reach each other); `ray status` shows whether the cluster has room for "
+                               "it") from None
         except exceptions.RayTaskError as exc:  # the trainer refused or failed: its own error, as in-process
             raise raised_there(exc) or ClusterError(f"the trainer failed: {exc}") from None
         except exceptions.RayActorError as exc:

@@ -202,7 +202,8 @@ class SamplerEngine:
             if name not in self._modules:
                 raise KeyError(f"adapter targets module {name!r}, which the base model does not have")
         for name, (lora_a, lora_b) in adapter.deltas.items():
-            factors = (lora_a.to(self.device, self.dtype), (lora_b.float() * adapter.scaling).to(self.device, self.dtype))
+            scaled_b = (lora_b.float() * adapter.scaling).to(self.device, self.dtype)
+            factors = (lora_a.to(self.device, self.dtype), scaled_b)
             unmerged.install(self._modules[name], *factors)
             self._unmerged[name] = factors
         if self._decoder is not None:
