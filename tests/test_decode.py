@@ -181,3 +181,21 @@ def test_qwen3_decodes_through_the_fast_step_with_hf_forwards_numbers(tiny_model
     assert_same(run(fast, requests), run(plain, requests))
     config.layer_types = ["full_attention", "sliding_attention"]
     assert LlamaDecoder.for_model(AutoModelForCausalLM.from_config(config)) is None
+
+
+def test_decode_batches_are_cut_to_what_memory_holds(engines, monkeypatch):
+    """A batch's keys and values at their final length get KV_SHARE of the available memory: with little of it
+    the rows run in several batches, and every row's tokens are the ones the one batch gave."""
+    from strop.engine.sampler import KV_SHARE
+    fast, _, tok = engines
+    requests = requests_of(tok)
+    whole = run(fast, requests)
+    longest = max(len(r.prompt_tokens) + r.params.max_tokens for r in requests)
+    monkeypatch.setenv("STROP_MEMORY_LIMIT_MB", str(2.5 * longest * fast.kv_bytes_per_token / KV_SHARE / 2**20))
+    sizes = []
+    original = fast._generate_batch
+    monkeypatch.setattr(fast, "_generate_batch",
+                        lambda rows, prompts: (sizes.append(len(rows)), original(rows, prompts)))
+    cut = run(fast, requests)
+    assert len(sizes) >= 3 and sum(sizes) == 7, sizes  # measured [4, 2, 1]: the short rows share a batch
+    assert_same(cut, whole)

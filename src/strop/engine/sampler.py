@@ -36,11 +36,17 @@ from strop.engine import unmerged
 from strop.engine.decode import LlamaDecoder
 from strop.engine.malloc import keep_freed_memory
 from strop.engine.prefix_cache import MIN_REUSE, PrefixCache, default_budget
+from strop.engine.resources import available_bytes
 from strop.types import SampledSequence, SampleResponse, SamplingParams
 
 keep_freed_memory()
 
 DEFAULT_MAX_TOKENS = 256
+# a decode batch's keys and values at their final length may take this share of the memory available when it
+# starts: building them holds up to about four copies at once (the prefix cache's, the prefill's cache as it
+# grows, the decode buffers), and 64 finance-sql rows of ~2,000 positions (SmolLM2, float32: 5.9 GB each copy)
+# were killed for memory on a 24 GiB machine
+KV_SHARE = 1 / 6
 GRAMMAR_CACHE_SIZE = 32  # compiled JSON-schema grammars kept, least recently used dropped first
 GRAMMAR_CACHE_BYTES = 256 << 20
 
@@ -158,6 +164,10 @@ class SamplerEngine:
         self._bitmask = None  # reused for every masked row and token: one allocation per engine
         budget = default_budget() if prefix_cache_bytes is None else prefix_cache_bytes
         self.prefix_cache = PrefixCache(budget) if budget > 0 else None
+        cfg = self.model.config
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv_bytes_per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
     # ---- adapters -------------------------------------------------------------------------------------
     def activate(self, adapter: AdapterWeights | None) -> None:
@@ -216,13 +226,29 @@ class SamplerEngine:
             rows.extend(self._rows_for(index, request))
         # batches of similar prompt length waste less on padding
         order = sorted(range(len(rows)), key=lambda i: len(requests[rows[i].prompt_index].prompt_tokens))
-        for start in range(0, len(order), self.max_batch):
-            batch = [rows[i] for i in order[start:start + self.max_batch]]
+        for batch in self._batches([rows[i] for i in order], requests):
             self._generate_batch(batch, [requests[r.prompt_index].prompt_tokens for r in batch])
         responses: list[list[SampledSequence]] = [[] for _ in requests]
         for row in rows:
             responses[row.prompt_index].append(SampledSequence(stop_reason=row.stop_reason, tokens=row.tokens, logprobs=row.logprobs))
         return [SampleResponse(sequences=seqs) for seqs in responses]
+
+    def _batches(self, rows: list[_Row], requests: list[SampleRequest]):
+        """Runs of at most max_batch rows (in order) whose keys and values, every row at the batch's longest
+        final length, fit KV_SHARE of the memory available now (at least one row a batch)."""
+        budget = available_bytes() * KV_SHARE
+        batch, longest = [], 0
+        for row in rows:
+            length = len(requests[row.prompt_index].prompt_tokens) + row.max_tokens
+            wider = max(longest, length)
+            if batch and (len(batch) == self.max_batch
+                          or (len(batch) + 1) * wider * self.kv_bytes_per_token > budget):
+                yield batch
+                batch, wider = [], length
+            batch.append(row)
+            longest = wider
+        if batch:
+            yield batch
 
     def _rows_for(self, index: int, request: SampleRequest) -> list[_Row]:
         params = request.params
