@@ -45,8 +45,8 @@ DEFAULT_MAX_TOKENS = 256
 # a decode batch's keys and values at their final length may take this share of the memory available when it
 # starts: building them holds up to about four copies at once (the prefix cache's, the prefill's cache as it
 # grows, the decode buffers), and 64 finance-sql rows of ~2,000 positions (SmolLM2, float32: 5.9 GB each copy)
-# were killed for memory on a 24 GiB machine
-KV_SHARE = 1 / 6
+# were killed for memory on a 24 GiB machine; at a sixth, 100 such episodes peaked at 20.5 GB, so a twelfth
+KV_SHARE = 1 / 12
 GRAMMAR_CACHE_SIZE = 32  # compiled JSON-schema grammars kept, least recently used dropped first
 GRAMMAR_CACHE_BYTES = 256 << 20
 
