@@ -26,7 +26,7 @@ def test_the_device_is_chosen_and_a_missing_gpu_is_named(monkeypatch):
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(StropError, match=f"torch sees {found} CUDA GPU"):
         train_device(f"cuda:{found}")
-    for wrong in ("gpu", "cuda:x", "cuda:-1", "tpu:0"):
+    for wrong in ("gpu", "cuda:x", "cuda:-1", "tpu:0", "cuda:" + "9" * 100_000, "cuda\x1b[31m"):
         monkeypatch.setenv("STROP_DEVICE", wrong)
         with pytest.raises(StropError, match="STROP_DEVICE must be cpu, cuda or cuda:N"):
             train_device()

@@ -100,11 +100,11 @@ def train_device(name: str | None = None) -> str:
     if name == "cpu":
         return name
     kind, _, index = name.partition(":")
-    if kind != "cuda" or (index and not index.isdigit()):
+    if kind != "cuda" or (index and not (index.isdigit() and len(index) <= 4)):
         raise StropError(f"STROP_DEVICE must be cpu, cuda or cuda:N, got {name[:40]!r}")
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if int(index or 0) >= found:
-        raise StropError(f"device {name!r} asked for, and torch sees {found} CUDA GPU{'s' if found != 1 else ''} "
+        raise StropError(f"device {name[:40]!r} asked for, and torch sees {found} CUDA GPU{'s' if found != 1 else ''} "
                          "here: unset STROP_DEVICE, or run where the GPU is")
     return name
 
