@@ -23,7 +23,7 @@ The identical configuration, in one place:
   that constant, which Adam's normalisation makes irrelevant (see grpo_vs_trl.py's docstring);
 - LoRA r, alpha = r, dropout 0, the same target modules; AdamW lr, betas (0.9, 0.95), eps 1e-8, no weight
   decay, gradient norm clipped at 1, constant learning rate; beta (KL) 0; advantages centred, not std-scaled;
-  temperature 1, top_p 1, no top_k; fp32 on CPU.
+  temperature 1, top_p 1, no top_k; fp32 on CPU, or both in bf16 with --dtype bfloat16.
 """
 
 from __future__ import annotations
@@ -82,6 +82,10 @@ def add_training_flags(cli: argparse.ArgumentParser) -> None:
     cli.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, both sides (default 1e-4)")
     cli.add_argument("--rank", type=int, default=32, help="LoRA rank, both sides; alpha = rank (default 32)")
     cli.add_argument("--seed", type=int, default=0)
+    cli.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                     help="what both sides compute in (default float32). bfloat16: strop's base weights in bf16 with "
+                          "float32 LoRA weights and logprob arithmetic; TRL's model loaded in bf16 with bf16=True "
+                          "(its mixed precision), the recipe TRL's docs give")
     cli.add_argument("--trl-gradient-checkpointing", action="store_true",
                      help="let TRL recompute activations in backward (its own default; strop does not, so the "
                           "like-for-like default here is off)")
@@ -137,7 +141,7 @@ def bench_config(args: argparse.Namespace) -> dict:
     ids, texts = chat_prompts(args.model, qs)
     return {"model": args.model, "model_dir": str(resolve_model(args.model)), "questions": qs,
             "prompt_ids": ids, "prompt_texts": texts, "group_size": args.group_size, "tokens": args.tokens,
-            "lr": args.lr, "rank": args.rank, "seed": args.seed,
+            "lr": args.lr, "rank": args.rank, "seed": args.seed, "dtype": args.dtype,
             # strop's default LoRA targets (strop.engine.trainer.DEFAULT_TARGETS), given to both sides explicitly
             "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
             "total_steps": args.steps + 1,  # + the warm-up step

@@ -144,7 +144,8 @@ def run_trl(config: dict, channel: Channel) -> None:
     tokenizer.padding_side = "left"
     # TRL tokenizes text prompts with processing_class(text=...): check that gives strop's ids back
     prompts_identical = tokenizer(text=config["prompt_texts"])["input_ids"] == config["prompt_ids"]
-    model = AutoModelForCausalLM.from_pretrained(config["model_dir"], dtype=torch.float32)
+    bf16 = config.get("dtype") == "bfloat16"
+    model = AutoModelForCausalLM.from_pretrained(config["model_dir"], dtype=torch.bfloat16 if bf16 else torch.float32)
 
     def text_reward_fn(completions, **kwargs) -> list[float]:
         return [text_reward(c) for c in completions]
@@ -152,7 +153,7 @@ def run_trl(config: dict, channel: Channel) -> None:
     n = config["tokens"]
     args = GRPOConfig(
         output_dir=os.environ["BENCH_SCRATCH"], report_to="none", save_strategy="no", logging_steps=1,
-        disable_tqdm=True, use_cpu=True, bf16=False, fp16=False,
+        disable_tqdm=True, use_cpu=True, bf16=bf16, fp16=False,
         gradient_checkpointing=config["trl_gradient_checkpointing"],
         max_steps=config["total_steps"], seed=config["seed"],
         per_device_train_batch_size=len(config["prompt_texts"]) * config["group_size"],

@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from strop.engine.precision import kernels
+
 from _common import (Worker, add_size_flags, add_training_flags, bench_config, load_line, median, require_trl,
                      resolve_sizes)
 
@@ -37,8 +39,8 @@ def main() -> int:
     require_trl()
     config = bench_config(args)
     print(f"model {args.model}: {args.prompts} prompts x {args.group_size} samples x {args.tokens} tokens (forced), "
-          f"LoRA r{args.rank} on {', '.join(config['targets'])}, lr {args.lr:g}, beta 0, fp32; "
-          f"{args.steps} timed steps + 1 warm-up per side; {load_line()}", flush=True)
+          f"LoRA r{args.rank} on {', '.join(config['targets'])}, lr {args.lr:g}, beta 0, {args.dtype}; "
+          f"{args.steps} timed steps + 1 warm-up per side; {load_line()}; CPU kernels {kernels()}", flush=True)
 
     with Worker("strop", config, args.verbose) as strop_w, Worker("trl", config, args.verbose) as trl_w:
         print(f"setup: strop {strop_w.ready['setup_seconds']:.1f} s (micro-batch "
