@@ -136,9 +136,10 @@ def test_strop_train_dtype_flag_is_recorded_with_the_run(tiny_model_dir, tmp_pat
     assert "--dtype" in err and "bfloat16" in err
 
 
-def small_adapter(tiny_model_dir, scale: float):
-    """An adapter on every projection whose delta is `scale` times the size of a random rank-4 product."""
-    trainer = LoraTrainer(tiny_model_dir, rank=4, seed=3, compute_dtype=torch.float32)
+def small_adapter(tiny_model_dir, scale: float, targets: list[str] | None = None):
+    """An adapter on every projection (or on `targets`) whose delta is `scale` times the size of a random rank-4
+    product."""
+    trainer = LoraTrainer(tiny_model_dir, rank=4, seed=3, compute_dtype=torch.float32, target_modules=targets)
     g = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for p in trainer.trainable_parameters():
@@ -164,8 +165,11 @@ def test_bf16_sampling_adds_the_adapter_beside_untouched_weights(tiny_model_dir)
     assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight))
 
 
-def test_bf16_decode_with_an_adapter_matches_hf_forward_and_switches_off(tiny_model_dir):
-    adapter = small_adapter(tiny_model_dir, scale=0.3)
+@pytest.mark.parametrize("targets", [None, ["k_proj", "up_proj", "down_proj"]], ids=["every projection", "some"])
+def test_bf16_decode_with_an_adapter_matches_hf_forward_and_switches_off(tiny_model_dir, targets):
+    # the decode step adds the terms of projections sharing an input with one pair of products (q, k and v; gate
+    # and up), zero where a projection has none: HF's forward adds each module's own
+    adapter = small_adapter(tiny_model_dir, scale=0.3, targets=targets)
     prompt = list(range(5, 40))
     params = types.SamplingParams(max_tokens=12, temperature=0, stop=[])
     runs = {}

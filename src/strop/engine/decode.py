@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from strop.engine import unmerged
 
 # architectures whose decoder layers are self_attn.{q,k,v,o}_proj without biases, mlp.{gate,up,down}_proj,
 # input_layernorm and post_attention_layernorm, with a shared rotary embedding: Llama's layout (Qwen3 adds an
@@ -88,11 +87,20 @@ class LlamaDecoder:
         return _linear(hidden[:, -1], self.head.weight).float()
 
     def set_lora(self, factors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """An adapter to add beside the fused weights (`strop.engine.unmerged`), by module name; {} for none."""
+        """An adapter to add beside the fused weights (`strop.engine.unmerged`), by module name; {} for none.
+
+        Projections that read the same input share their adapter's two products: q, k and v's A factors are
+        stacked into one [3r, in] matrix and their scaled B factors placed block-diagonally in one [q+k+v, 3r]
+        (gate and up likewise), and each term is added into the projection's output in place (addmm). Per layer
+        that is 8 small matmuls and no extra additions instead of 14 and 7: at SmolLM2's size in bf16, one
+        product per adapted projection made sampling with an adapter 1.55x slower than without."""
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
-            layer["lora"] = {short: factors[prefix + path] for short, path in LORA_MODULES.items()
-                             if prefix + path in factors}
+            lora = {short: factors[prefix + path] for short, path in LORA_MODULES.items() if prefix + path in factors}
+            q_width, kv_width, inter = self.heads * self.head_dim, self.kv_heads * self.head_dim, layer["intermediate"]
+            layer["lora_qkv"] = _joined([lora.get("q"), lora.get("k"), lora.get("v")], [q_width, kv_width, kv_width])
+            layer["lora_gate_up"] = _joined([lora.get("gate"), lora.get("up")], [inter, inter])
+            layer["lora_o"], layer["lora_down"] = lora.get("o"), lora.get("down")
 
     def start(self, cache, mask_B_T: torch.Tensor, max_new: int) -> "DecodeState":
         return DecodeState(self, cache, mask_B_T, max_new)
@@ -156,11 +164,8 @@ class DecodeState:
         for i, layer in enumerate(d.layers):
             x = layer["norm1"](h_B_1_H)[:, 0]
             qkv = _linear(x, layer["qkv"])
-            lora = layer.get("lora")
-            if lora:
-                for name, start, width in (("q", 0, q_width), ("k", q_width, kv_width), ("v", q_width + kv_width, kv_width)):
-                    if name in lora:
-                        qkv[:, start:start + width] += unmerged.delta(x, lora[name])
+            if (joined := layer.get("lora_qkv")) is not None:
+                qkv.addmm_(F.linear(x, joined[0]), joined[1].t())
             q = qkv[:, :q_width].view(B, d.heads, 1, d.head_dim)
             k = qkv[:, q_width:q_width + kv_width].view(B, d.kv_heads, 1, d.head_dim)
             v = qkv[:, q_width + kv_width:].view(B, d.kv_heads, 1, d.head_dim)
@@ -181,26 +186,41 @@ class DecodeState:
                 # them to contiguous memory first (3.4x slower at 10 rows x 1,500 positions here)
                 attn = F.scaled_dot_product_attention(q, keys[:, :, :n], values[:, :, :n], attn_mask=low_bias,
                                                       scale=d.scale, enable_gqa=True).reshape(B, q_width)
-            out_B_H = _linear_t(attn, layer["o"].weight).t()
-            if lora and "o" in lora:
-                out_B_H = out_B_H + unmerged.delta(attn, lora["o"])
-            h_B_1_H = h_B_1_H + out_B_H[:, None]
+            out_H_B = _linear_t(attn, layer["o"].weight)
+            if (factors := layer.get("lora_o")) is not None:
+                out_H_B.addmm_(factors[1], F.linear(attn, factors[0]).t())
+            h_B_1_H = h_B_1_H + out_H_B.t()[:, None]
             # gate and up stay feature-major ([2 x inter, B]), so the widest output is never transposed; the
             # narrower product is, since MKL multiplies a [inter, B] right operand ~50% slower at 8 rows
             x = layer["norm2"](h_B_1_H)[:, 0]
             gate_up_T = _linear_t(x, layer["gate_up"])
             inter = layer["intermediate"]
-            if lora:
-                for name, rows in (("gate", slice(0, inter)), ("up", slice(inter, 2 * inter))):
-                    if name in lora:
-                        gate_up_T[rows] += unmerged.delta(x, lora[name]).t()
+            if (joined := layer.get("lora_gate_up")) is not None:
+                gate_up_T.addmm_(joined[1], F.linear(x, joined[0]).t())
             mlp_B_I = (layer["act"](gate_up_T[:inter]) * gate_up_T[inter:]).t().contiguous()
-            down_B_H = _linear_t(mlp_B_I, layer["down"].weight).t()
-            if lora and "down" in lora:
-                down_B_H = down_B_H + unmerged.delta(mlp_B_I, lora["down"])
-            h_B_1_H = h_B_1_H + down_B_H[:, None]
+            down_H_B = _linear_t(mlp_B_I, layer["down"].weight)
+            if (factors := layer.get("lora_down")) is not None:
+                down_H_B.addmm_(factors[1], F.linear(mlp_B_I, factors[0]).t())
+            h_B_1_H = h_B_1_H + down_H_B.t()[:, None]
         self.length = n
         return _linear(d.norm(h_B_1_H)[:, 0], d.head.weight).float()
+
+
+def _joined(factors: list[tuple[torch.Tensor, torch.Tensor] | None],
+            widths: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (A, sB) factors of projections that read one input, as one pair: the A's stacked [sum r, in], and the
+    sB's block-diagonal [sum widths, sum r], zero where a projection has no adapter (None when none has)."""
+    present = [(i, f) for i, f in enumerate(factors) if f is not None]
+    if not present:
+        return None
+    a = torch.cat([f[0] for _, f in present], dim=0)
+    b = a.new_zeros((sum(widths), a.shape[0]))
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    rank = 0
+    for i, (_, sb) in present:
+        b[starts[i]:starts[i] + widths[i], rank:rank + sb.shape[1]] = sb
+        rank += sb.shape[1]
+    return a, b
 
 
 # The vocabulary head (more than SLICE_ABOVE outputs) is multiplied SLICE_ROWS outputs at a time: at 32 rows
