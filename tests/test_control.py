@@ -181,6 +181,24 @@ def test_admission_names_what_is_missing(workspace, capsys):
     assert json.loads(out) == []
 
 
+def test_execution_gpus_is_honoured_and_more_than_found_is_refused(workspace, capsys):
+    from strop.engine.precision import cuda_count
+    found = cuda_count()
+    code, out, err = run(capsys, "runs", "start", "-f", descriptor(workspace, **{"execution.gpus": found + 3}),
+                         "--dry-run")
+    assert code == 1 and out == ""
+    assert "$.execution.gpus" in err and f"asks for {found + 3} GPUs" in err and f"torch sees {found} CUDA GPU" in err
+    code, out, _ = run(capsys, "runs", "start", "-f", descriptor(workspace, **{"execution.gpus": 0}), "--dry-run",
+                       "-o", "json")
+    assert code == 0 and json.loads(out)["pinned"]["device"] == "cpu"  # 0 computes on the CPU, GPU or not
+    # one GPU: on it where there is one; the seeds' descriptors ask for one and run on CPU machines too
+    code, out, _ = run(capsys, "runs", "start", "-f", descriptor(workspace, **{"execution.gpus": 1}), "--dry-run",
+                       "-o", "json")
+    assert code == 0 and json.loads(out)["pinned"]["device"] == ("cuda" if found else "cpu")
+    code, out, err = run(capsys, "runs", "list", "-o", "json")
+    assert json.loads(out) == []
+
+
 def test_run_in_background_to_a_model(workspace, capsys):
     code, out, _ = run(capsys, "runs", "start", "-f", descriptor(workspace), "--dry-run", "-o", "json")
     assert code == 0 and json.loads(out)["pinned"]["dataset"]["ref"] == "arith/train@1"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from strop import types
-from strop.engine.precision import train_device
+from strop.engine.precision import cuda_count, gpus_problem, run_device, train_device
 from strop.engine.sampler import SampleRequest, SamplerEngine
 from strop.engine.trainer import LoraTrainer
 from strop.errors import StropError
@@ -32,6 +32,24 @@ def test_the_device_is_chosen_and_a_missing_gpu_is_named(monkeypatch):
             train_device()
     monkeypatch.setenv("STROP_DEVICE", "cpu")
     assert train_device() == "cpu"
+
+
+def test_execution_gpus_decides_the_device(monkeypatch):
+    monkeypatch.delenv("STROP_DEVICE", raising=False)
+    found = cuda_count()
+    assert run_device(0) == "cpu"
+    assert run_device(1) == run_device(None) == ("cuda" if found else "cpu")
+    asked = max(2, found + 1)  # one GPU asked for where there is none runs on the CPU (the seeds' descriptors)
+    with pytest.raises(StropError, match=f"asks for {asked} GPUs, and torch sees {found} CUDA GPU"):
+        run_device(asked)
+    assert gpus_problem(2, 0).startswith("asks for 2 GPUs, and torch sees 0 CUDA GPUs")
+    assert "execution.ray" in gpus_problem(2, 8) and "trains on one" in gpus_problem(2, 8)  # one process, one GPU
+    assert gpus_problem(0, 0) is None and gpus_problem(1, 0) is None and gpus_problem(None, 0) is None
+    monkeypatch.setenv("STROP_DEVICE", "cpu")
+    assert run_device(1) == "cpu"
+    monkeypatch.setenv("STROP_DEVICE", f"cuda:{found}")  # a GPU that is not there is refused, not ignored
+    with pytest.raises(StropError, match=f"torch sees {found} CUDA GPU"):
+        run_device(1)
 
 
 def _datums(n: int, seed: int) -> list[types.Datum]:

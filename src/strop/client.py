@@ -16,13 +16,14 @@ submits a hundred prompts before collecting any gets batched generation without 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from concurrent.futures import Future
 from pathlib import Path
 
 import torch
 
-from strop.engine.resources import plan_grpo_memory
+from strop.engine.resources import GIB, plan_grpo_memory, vllm_kv_budget, vllm_share_bytes
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.samplers import check_sampler, make_engine, resolve_sampler
 from strop.engine.trainer import LoraTrainer, SharedBase, load_adapter_weights
@@ -102,8 +103,9 @@ class LocalBackend:
     """Loads base models once per process and keeps one sampler engine per base model."""
 
     def __init__(self, dtype: str = "auto", max_batch: int = 64, sampler_dtype: str | None = None,
-                 sampler: str | None = "auto", sampler_options: dict | None = None, ray: dict | None = None):
-        self.device = train_device()  # where the trainers compute: a CUDA GPU when torch sees one
+                 sampler: str | None = "auto", sampler_options: dict | None = None, ray: dict | None = None,
+                 device: str | None = None):
+        self.device = train_device(device)  # where the trainers compute: a CUDA GPU when torch sees one
         self.dtype = resolve_dtype(dtype, self.device)  # what they compute in, named once for the whole process
         self.sampler_dtype = torch_dtype(sampler_dtype or sampler_dtype_for(dtype, self.device))
         self.sampler = resolve_sampler(sampler)  # which engine samples: "strop" or "vllm"
@@ -152,6 +154,38 @@ class LocalBackend:
                                  max_batch=self.max_batch, device=self.device, **options)
             queue = self._queues[path] = _SampleQueue(engine)
         return queue
+
+    def memory_where(self, model_dir: Path, *, rows: int, seq: int) -> dict:
+        """The memory plan's view of this backend (strop.engine.resources.estimate_grpo_memory's arguments): the
+        bytes a weight takes in the trainer and the sampler, which sampler, where the trainers compute. A vLLM
+        engine not yet started is given the KV cache this plan counts (`vllm_kv_budget`, unless kv_cache_gb or
+        STROP_VLLM_KV_CACHE_GB says), and on a GPU the share of it that budget makes, so beside the trainer it
+        takes what the run needs rather than a fixed fraction of the device. On Ray the replicas' machines plan
+        for themselves: the float32 CPU estimate stands."""
+        if self.ray is not None:
+            return {}
+        sampler_bytes = self.sampler_dtype.itemsize
+        where = {"trainer_bytes": torch_dtype(self.dtype).itemsize, "sampler_bytes": sampler_bytes,
+                 "sampler": self.sampler, "device": self.device}
+        if self.sampler != "vllm":
+            return where
+        given = self.sampler_options.get("kv_cache_gb") or os.environ.get("STROP_VLLM_KV_CACHE_GB")
+        try:
+            budget = int(float(given) * GIB) if given else None
+        except (ValueError, OverflowError, TypeError):  # nan, inf, not a number
+            budget = -1
+        if budget is not None and not 0 < budget < 1024 * GIB:
+            raise StropError(f"the vLLM KV cache (STROP_VLLM_KV_CACHE_GB, kv_cache_gb) must be a number of GiB "
+                             f"between 0 and 1024, such as 2; got {str(given)[:40]!r}")
+        if budget is None:
+            budget = vllm_kv_budget(model_dir, rows=min(rows, self.max_batch), seq=seq, dtype_bytes=sampler_bytes,
+                                    max_model_len=self.sampler_options.get("max_model_len"))
+            if str(model_dir) not in self._queues:  # an engine already running keeps what it was given
+                self.sampler_options["kv_cache_gb"] = budget / GIB
+        if self.device.startswith("cuda") and str(model_dir) not in self._queues:
+            self.sampler_options.setdefault("gpu_memory_bytes", vllm_share_bytes(model_dir, budget, sampler_bytes,
+                                                                                 self.max_batch))
+        return {**where, "sampler_kv_bytes": budget}
 
     def sampler_facts(self) -> dict:
         """Which engine samples, and (for vLLM, once started) its version, device and how adapters reach it."""
@@ -291,7 +325,7 @@ class ServiceClient:
 
     def __init__(self, backend: str = "local", dtype: str = "auto", max_batch: int = 64,
                  sampler_dtype: str | None = None, sampler: str = "auto", sampler_options: dict | None = None,
-                 ray: dict | None = None, **_ignored):
+                 ray: dict | None = None, device: str | None = None, **_ignored):
         """`dtype`: what training and sampling compute in: "auto" (training in bfloat16 where the hardware has
         bf16 units, float32 elsewhere; sampling in float32 on a CPU: strop.engine.precision), "float32" or
         "bfloat16" (both); `sampler_dtype` overrides it for the sampler alone. LoRA weights, logprobs and losses
@@ -299,7 +333,9 @@ class ServiceClient:
         "vllm" (`pip install -e ".[vllm]"`); `sampler_options` go to that engine (vLLM: sync="merged"|"lora").
         `ray`: {"address": "auto" | "HOST:PORT", "samplers": N} samples on N replicas on that Ray cluster
         (strop.cluster; `pip install -e ".[ray]"`), training staying in this process; None: STROP_RAY_ADDRESS
-        and STROP_RAY_SAMPLERS when set (what `--ray-address` sets for a command's work), else in this process."""
+        and STROP_RAY_SAMPLERS when set (what `--ray-address` sets for a command's work), else in this process.
+        `device`: where this process's trainers and strop's sampler compute, "cpu", "cuda" or "cuda:N"; None: a
+        CUDA GPU where torch sees one, else the CPU (STROP_DEVICE overrides; strop.engine.precision.train_device)."""
         if backend != "local":
             raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
         check_dtype(dtype)
@@ -307,7 +343,7 @@ class ServiceClient:
         if sampler_dtype is not None:
             check_dtype(sampler_dtype, what="sampler_dtype")
         self.backend = LocalBackend(dtype=dtype, max_batch=max_batch, sampler_dtype=sampler_dtype, sampler=sampler,
-                                    sampler_options=sampler_options, ray=ray)
+                                    sampler_options=sampler_options, ray=ray, device=device)
 
     @property
     def dtype(self) -> str:
@@ -367,8 +403,11 @@ class ServiceClient:
         """The memory a GRPO run of these sizes would need on this backend, at the largest trainer micro-batch
         that fits (`tokensPerMicroBatch`); MemoryRefused when even one sequence per micro-batch would not fit
         (a strop extension: admission and the loop plan through it)."""
-        return plan_grpo_memory(self.backend.model_dir(base_model), batch_size=batch_size, group_size=group_size,
-                                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, what=what)
+        model_dir = self.backend.model_dir(base_model)
+        where = self.backend.memory_where(model_dir, rows=batch_size * group_size,
+                                          seq=prompt_tokens + completion_tokens)
+        return plan_grpo_memory(model_dir, batch_size=batch_size, group_size=group_size, prompt_tokens=prompt_tokens,
+                                completion_tokens=completion_tokens, what=what, **where)
 
     def get_server_capabilities(self) -> dict:
         return {"supported_models": [{"model_name": entry.model_id} for entry in CATALOG]}

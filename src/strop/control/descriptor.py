@@ -355,7 +355,7 @@ def to_sft_config(descriptor: RunDescriptor, dataset: str, **overrides: Any):
                   weight_decay=hp.optimizer.weight_decay, grad_clip_norm=hp.optimizer.grad_clip_norm,
                   lora_rank=hp.lora.rank, lora_alpha=hp.lora.alpha, max_seq_length=config.max_seq_length,
                   save_every=descriptor.execution.save_every, keep_adapters=descriptor.execution.keep_adapters,
-                  dtype=descriptor.execution.dtype, ray=descriptor.trainer_ray())
+                  dtype=descriptor.execution.dtype, ray=descriptor.trainer_ray(), gpus=descriptor.execution.gpus)
     if hp.lora.target_modules is not None:
         raise DescriptorError("run descriptor cannot be run:\n  $.config.*.lora.targetModules: the supervised loop "
                               "adapts every projection; remove it", ["$.config.*.lora.targetModules: remove it"])

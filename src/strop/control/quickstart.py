@@ -25,6 +25,7 @@ from strop.control.progress import EvalBar, RunBar
 from strop.control.reports import save_tables, write_report
 from strop.data import load_rows
 from strop.data.gsm8k import GSM8KUnavailable
+from strop.engine.precision import cuda_count
 from strop.errors import StropError
 from strop.rl.config import GRPOConfig
 from strop.rl.limits import LIMITS
@@ -195,7 +196,7 @@ def _descriptor(o: QuickstartOptions, project: str, dataset: str) -> dict:
                                          "optimizer": {"learningRate": o.learning_rate}},
                        "reward": {"terms": [{"kind": "rule", "weight": 1.0, "bundle": "builtin:gsm8k", "name": "correct"}]},
                        "maxSeqLength": 1024},
-            "execution": {"gpus": 0, "saveEvery": max(1, o.steps // 2), "keepAdapters": 2}}
+            "execution": {"gpus": min(1, cuda_count()), "saveEvery": max(1, o.steps // 2), "keepAdapters": 2}}
 
 
 class _Manifest:

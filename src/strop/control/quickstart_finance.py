@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from strop.control.progress import EpisodeBar, RunBar
+from strop.engine.precision import cuda_count
 from strop.errors import StropError
 
 SPLITS = ("eval-single", "eval-multi")
@@ -80,7 +81,7 @@ def _descriptor(o, project: str, *, base_model: str, sft_dataset: str | None, op
         steps = o.steps
     return {"kind": "run", "project": project, "configName": "quickstart-" + ("sft" if sft_dataset else "grpo"),
             "baseModel": base_model, "config": config,
-            "execution": {"gpus": 0, "saveEvery": max(1, steps // 2), "keepAdapters": 2}}
+            "execution": {"gpus": min(1, cuda_count()), "saveEvery": max(1, steps // 2), "keepAdapters": 2}}
 
 
 def _write_demos(path: Path, o, options: dict) -> int:

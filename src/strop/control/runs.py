@@ -29,6 +29,7 @@ from strop.cluster.settings import ADDRESS_HELP, address_ok
 from strop.control import base_models, processes, projects, registry
 from strop.control.descriptor import SAMPLING_ONLY, RaySpec, RunDescriptor, load_descriptor
 from strop.data import load_rows
+from strop.engine.precision import cuda_count, gpus_problem, run_device
 from strop.engine.resources import MemoryRefused
 from strop.envs import env_kind, find_env_module, get_env
 from strop.errors import StropError
@@ -66,7 +67,15 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
         pinned["baseModel"] = pin_base_model(descriptor.base_model)
     except StropError as exc:
         problems.append(f"$.baseModel: {exc}")
-    if descriptor.execution.ray is not None:
+    if descriptor.execution.ray is None:  # on Ray, the cluster's GPUs are counted when it places the trainers
+        problem = gpus_problem(descriptor.execution.gpus, cuda_count())
+        try:
+            if problem:
+                raise StropError(problem)
+            pinned["device"] = run_device(descriptor.execution.gpus)  # where the run will compute
+        except StropError as exc:
+            problems.append(f"$.execution.gpus: {exc}")
+    else:
         pinned["ray"] = descriptor.trainer_ray()
         try:
             reachable(descriptor.execution.ray.address)  # seconds, where joining a wrong address would hang
@@ -194,6 +203,7 @@ def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
     them) and sizes; one problem line when it would not fit."""
     # lazy: strop.renderers pulls in torch, numpy, which importing this module does not need
     from strop.renderers import get_renderer
+    from strop.client import ServiceClient
     from strop.rl.grpo import plan
     path, version = registry.dataset_file(pinned["dataset"]["ref"])
     with tempfile.TemporaryDirectory() as folder:  # the stored file has no suffix; the loader reads by suffix
@@ -204,10 +214,16 @@ def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
     renderer = get_renderer(model_info.get_recommended_renderer_name(pinned["baseModel"]["id"]), get_tokenizer(model_dir))
     config = descriptor.to_grpo_config(str(path), [{"name": "x", "weight": 1.0, "grader": "builtin:gsm8k"}],
                                        base_model=model_dir)
+    # planned as the run will be: its dtype, its sampler (vLLM's KV budget) and its device (a GPU's free memory)
+    service = None if descriptor.execution.ray else ServiceClient(dtype=config.dtype, sampler=config.sampler,
+                                                                  device=pinned.get("device"))
     try:
-        plan(config, renderer, rows)
+        plan(config, renderer, rows, service=service)
     except MemoryRefused as exc:
         return [f"$.config.rlHyperparams: {exc}"]
+    finally:
+        if service is not None:
+            service.close()
     return []
 
 

@@ -109,6 +109,42 @@ def train_device(name: str | None = None) -> str:
     return name
 
 
+def cuda_count() -> int:
+    """The CUDA GPUs torch sees here (0 without CUDA); CUDA is not initialised to count them."""
+    import torch  # lazy: checking a config's dtype needs no torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpus_problem(gpus: int | None, found: int) -> str | None:
+    """Why a run in one process cannot have `gpus` (execution.gpus) where torch sees `found` CUDA GPUs, or None.
+
+    0 computes on the CPU, and 1 on the GPU (on the CPU where there is none: the seeds' descriptors ask for one GPU
+    and run on CPU machines too). More than one is refused: a run in one process trains on one GPU, and more than
+    this machine has is refused with the count found. On Ray, execution.gpus counts the cluster's GPUs instead
+    (strop.cluster.trainer: a data-parallel trainer a GPU)."""
+    if gpus is None or gpus <= 1:
+        return None
+    if gpus > found:
+        return (f"asks for {gpus} GPUs, and torch sees {found} CUDA GPU{'s' if found != 1 else ''} on this machine: "
+                "lower execution.gpus (1 takes one GPU where there is one, 0 computes on the CPU), or run where the "
+                "GPUs are")
+    return (f"asks for {gpus} GPUs, and a run in one process trains on one: set it to 1, or add execution.ray "
+            f"(with \"trainers\": {gpus}) to train {gpus} data-parallel trainers, a GPU each, on a Ray cluster")
+
+
+def run_device(gpus: int | None = None) -> str:
+    """Where a run in this process computes, given its execution.gpus: the CPU for 0; for 1, train_device() (a CUDA
+    GPU where torch sees one, STROP_DEVICE honoured) and the CPU where there is none; None decides as 1 does.
+    More GPUs than one process uses, or than the machine has, are refused (gpus_problem)."""
+    if gpus == 0:
+        return "cpu"
+    found = cuda_count()
+    problem = gpus_problem(gpus, found)
+    if problem:
+        raise StropError(f"execution.gpus {problem}")
+    return train_device() if found or os.environ.get("STROP_DEVICE") else "cpu"
+
+
 def kernels() -> str:
     """The CPU's vector kernels as torch dispatches them, and its bf16 units: a benchmark's figures depend on both."""
     import torch  # lazy: checking a config's dtype needs no torch

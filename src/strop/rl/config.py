@@ -113,6 +113,9 @@ class GRPOConfig:
     ray: dict | None = _help('place sampler replicas and environment workers on a Ray cluster: {"address": "auto" | '
                              '"HOST:PORT", "samplers": N, "envWorkers": N} (strop.cluster; pip install -e ".[ray]"); '
                              'None: everything in this process', None, descriptor="execution.ray")
+    gpus: int | None = _help("GPUs the run asks for: 0 computes on the CPU, 1 on a CUDA GPU (on the CPU where torch "
+                             "sees none); more need execution.ray, a data-parallel trainer a GPU; None: a GPU where "
+                             "there is one (strop.engine.precision.run_device)", None, descriptor="execution.gpus")
     max_off_policy_steps: int = _help("sample up to this many steps ahead while the trainer updates (0: every step "
                                       "samples with the weights it trains): rollouts at most this many updates old, "
                                       "their sampler logprobs correcting the update (importance sampling)", 0,

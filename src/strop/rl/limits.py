@@ -117,7 +117,7 @@ LIMITS: dict[str, Limit] = {
     "reward_weight": Limit(-1000, 1000, False, "advantages are centred per group, so scaling every weight changes "
                                                "nothing, and larger weights overflow float32 rewards"),
     "gpus": Limit(0, 1024, True, "it is the number of accelerators one run asks for; a larger count is a "
-                                 "mistake"),
+                                 "mistake", optional=True),  # optional in GRPOConfig; the descriptor requires it
     "max_off_policy_steps": Limit(0, 16, True, "rollouts more than 16 updates old describe a policy the trainer has "
                                                "left far behind, and each step sampled ahead is held in memory"),
     "ray_samplers": Limit(1, 256, True, "each replica is a process holding the whole model; 256 is past any "

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from strop import model_info, types
 from strop.client import ServiceClient
+from strop.engine.precision import run_device
 from strop.errors import StropError
 from strop.renderers import get_renderer
 from strop.rl import checkpoints
@@ -60,6 +61,7 @@ class SFTConfig:
     init_adapter: str | None = None        # continue from this adapter folder (its rank, alpha, targets)
     dtype: str = "auto"                    # auto | float32 | bfloat16 (strop.engine.precision)
     ray: dict | None = None                # {"address", "trainers"}: train on a Ray cluster (strop.cluster)
+    gpus: int | None = None                # execution.gpus: 0 the CPU, 1 a GPU where there is one (run_device)
 
     def __post_init__(self):
         problems = self.problems()
@@ -128,7 +130,7 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
             progress: bool = True) -> SFTResult:
     run_dir = Path(run_dir)
     if service is None:
-        own = ServiceClient(dtype=config.dtype, ray=config.ray)
+        own = ServiceClient(dtype=config.dtype, ray=config.ray, device=None if config.ray else run_device(config.gpus))
         try:
             return run_sft(config, run_dir, service=own, progress=progress)
         finally:
