@@ -63,7 +63,8 @@ def register(nouns) -> None:
                                         "grammar-constrained), a model id, or none (default: local)")
     parser.add_argument("--demos", type=int, help=f"finance-sql: demonstrations for the warm start (default: {d.demos})")
     parser.add_argument("--sft-steps", type=int,
-                        help=f"finance-sql: supervised steps of 8 demonstrations (default: {d.sft_steps})")
+                        help=f"finance-sql: supervised steps of 8 demonstrations (default: "
+                             f"{finance.get('sft_steps', d.sft_steps)})")
     parser.add_argument("--sft-learning-rate", type=float,
                         help=f"finance-sql: the warm start's learning rate (default: {d.sft_learning_rate})")
     parser.add_argument("--out", default=d.out, help="folder for the report, data and quickstart.json (default: %(default)s)")
