@@ -27,8 +27,8 @@ from strop.engine.resources import GIB, plan_grpo_memory, vllm_kv_budget, vllm_s
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.samplers import check_sampler, make_engine, resolve_sampler
 from strop.engine.trainer import LoraTrainer, SharedBase, load_adapter_weights
-from strop.engine.precision import (check_dtype, engine_facts, resolve_dtype, sampler_dtype_for, torch_dtype,
-                                    train_device)
+from strop.engine.precision import (check_dtype, engine_facts, resolve_dtype, run_device, sampler_dtype_for,
+                                    torch_dtype, train_device)
 from strop.cluster.settings import RaySettings
 from strop.errors import StropError
 from strop.files import check_regular
@@ -325,7 +325,7 @@ class ServiceClient:
 
     def __init__(self, backend: str = "local", dtype: str = "auto", max_batch: int = 64,
                  sampler_dtype: str | None = None, sampler: str = "auto", sampler_options: dict | None = None,
-                 ray: dict | None = None, device: str | None = None, **_ignored):
+                 ray: dict | None = None, device: str | None = None, gpus: int | None = None, **_ignored):
         """`dtype`: what training and sampling compute in: "auto" (training in bfloat16 where the hardware has
         bf16 units, float32 elsewhere; sampling in float32 on a CPU: strop.engine.precision), "float32" or
         "bfloat16" (both); `sampler_dtype` overrides it for the sampler alone. LoRA weights, logprobs and losses
@@ -335,13 +335,17 @@ class ServiceClient:
         (strop.cluster; `pip install -e ".[ray]"`), training staying in this process; None: STROP_RAY_ADDRESS
         and STROP_RAY_SAMPLERS when set (what `--ray-address` sets for a command's work), else in this process.
         `device`: where this process's trainers and strop's sampler compute, "cpu", "cuda" or "cuda:N"; None: a
-        CUDA GPU where torch sees one, else the CPU (STROP_DEVICE overrides; strop.engine.precision.train_device)."""
+        CUDA GPU where torch sees one, else the CPU (STROP_DEVICE overrides; strop.engine.precision.train_device).
+        `gpus`: a run's execution.gpus, deciding the device when `device` is not given (0: the CPU; 1: the GPU
+        where there is one; more is refused: strop.engine.precision.run_device)."""
         if backend != "local":
             raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
         check_dtype(dtype)
         check_sampler(sampler)
         if sampler_dtype is not None:
             check_dtype(sampler_dtype, what="sampler_dtype")
+        if device is None and gpus is not None:
+            device = run_device(gpus)
         self.backend = LocalBackend(dtype=dtype, max_batch=max_batch, sampler_dtype=sampler_dtype, sampler=sampler,
                                     sampler_options=sampler_options, ray=ray, device=device)
 

@@ -31,7 +31,6 @@ from strop import model_info, types
 from strop.client import ServiceClient
 from strop.cluster.settings import RaySettings
 from strop.data import Row, load_rows
-from strop.engine.precision import run_device
 from strop.errors import StropError
 from strop.renderers import get_renderer
 from strop.rl import checkpoints
@@ -167,7 +166,7 @@ def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, ser
                          on_eval=on_eval)
     service = ServiceClient(dtype=config.dtype, sampler=config.sampler, ray=config.ray,
                             sampler_options={"log_dir": str(run_dir)},  # a vLLM engine logs into the run folder
-                            device=None if config.ray else run_device(config.gpus))
+                            gpus=None if config.ray else config.gpus)
     try:
         return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce,
                          on_eval=on_eval)

@@ -27,7 +27,6 @@ from tqdm import tqdm
 
 from strop import model_info, types
 from strop.client import ServiceClient
-from strop.engine.precision import run_device
 from strop.errors import StropError
 from strop.renderers import get_renderer
 from strop.rl import checkpoints
@@ -130,7 +129,7 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
             progress: bool = True) -> SFTResult:
     run_dir = Path(run_dir)
     if service is None:
-        own = ServiceClient(dtype=config.dtype, ray=config.ray, device=None if config.ray else run_device(config.gpus))
+        own = ServiceClient(dtype=config.dtype, ray=config.ray, gpus=None if config.ray else config.gpus)
         try:
             return run_sft(config, run_dir, service=own, progress=progress)
         finally:
