@@ -407,3 +407,45 @@ def test_a_data_parallel_replica_that_dies_fails_the_step_and_stops_the_others(c
         assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
     finally:
         two.close()
+
+
+GPU_CLUSTER_SCRIPT = r"""
+import json, sys
+from strop.cluster import RaySettings
+from strop.cluster.local import LocalCluster
+from strop.cluster.samplers import RaySamplerEngine
+from strop.cluster.trainer import RemoteTrainer
+
+model = sys.argv[1]
+out = {}
+with LocalCluster(nodes=1, cpus_per_node=4, gpus_per_node=1) as cluster:
+    import ray
+    settings = RaySettings(address=cluster.address, samplers=1)
+    for asked in (0, None):
+        trainer = RemoteTrainer(model, model, settings=settings, dtype="float32", rank=4, run_gpus=asked)
+        samplers = RaySamplerEngine(model, model, settings=settings, dtype="float32", reserved_gpus=trainer.gpus,
+                                    run_gpus=asked)
+        env = ray.get(trainer.actors[0].__ray_call__.remote(lambda self: __import__("os").environ.get("STROP_DEVICE")))
+        out[str(asked)] = {"trainerGpus": trainer.gpus, "trainerDevice": trainer.facts["device"],
+                           "freeGpus": ray.available_resources().get("GPU", 0), "trainerEnv": env,
+                           "samplerNode": samplers.facts["samplerReplicas"][0]["node"]}
+        samplers.close()
+        trainer.close()
+    ray.shutdown()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_execution_gpus_0_keeps_the_replicas_off_a_clusters_gpus(tiny_model_dir):
+    """A one-node cluster that declares a GPU (as a GPU machine's would): by default the trainer takes it; a run
+    whose execution.gpus is 0 leaves it free and computes on the CPU (STROP_DEVICE=cpu in the actors), as the
+    same descriptor does on one machine. Its own cluster in a subprocess: a process joins one cluster."""
+    done = subprocess.run([sys.executable, "-c", GPU_CLUSTER_SCRIPT, str(tiny_model_dir)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    asked_none, asked_zero = result["None"], result["0"]
+    assert asked_none["trainerGpus"] == 1 and asked_none["freeGpus"] == 0  # the cluster's GPU was taken
+    assert asked_zero["trainerGpus"] == 0 and asked_zero["freeGpus"] == 1  # left free: trainer and sampler on CPUs
+    assert asked_zero["trainerEnv"] == "cpu" and asked_zero["trainerDevice"] == "cpu"
+    assert asked_none["trainerEnv"] is None

@@ -104,7 +104,7 @@ class LocalBackend:
 
     def __init__(self, dtype: str = "auto", max_batch: int = 64, sampler_dtype: str | None = None,
                  sampler: str | None = "auto", sampler_options: dict | None = None, ray: dict | None = None,
-                 device: str | None = None):
+                 device: str | None = None, gpus: int | None = None):
         self.device = train_device(device)  # where the trainers compute: a CUDA GPU when torch sees one
         self.dtype = resolve_dtype(dtype, self.device)  # what they compute in, named once for the whole process
         self.sampler_dtype = torch_dtype(sampler_dtype or sampler_dtype_for(dtype, self.device))
@@ -113,6 +113,7 @@ class LocalBackend:
         # on Ray, each replica decides `auto` (sampler and dtype) for the hardware it runs on
         self._choices = {"sampler": sampler or "auto", "dtype": sampler_dtype or dtype, "trainer_dtype": dtype}
         self.ray = RaySettings.from_spec(ray) if ray is not None else RaySettings.from_environment()
+        self.gpus = gpus  # the run's execution.gpus: on Ray, 0 keeps the trainers and samplers off the GPUs
         self._trainers: list = []  # trainers on the Ray cluster, stopped with the backend
         self.max_batch = max_batch
         self._queues: dict[str, _SampleQueue] = {}
@@ -146,7 +147,7 @@ class LocalBackend:
             engine = RaySamplerEngine(base_model, path, settings=self.ray, sampler=self._choices["sampler"],
                                       dtype=self._choices["dtype"], max_batch=self.max_batch,
                                       options=self.sampler_options,
-                                      reserved_gpus=sum(t.gpus for t in self._trainers))
+                                      reserved_gpus=sum(t.gpus for t in self._trainers), run_gpus=self.gpus)
             queue = self._queues[path] = _SampleQueue(engine)
         if queue is None:
             options = self.sampler_options if self.sampler == "vllm" else {}  # the vLLM engine's settings
@@ -200,7 +201,8 @@ class LocalBackend:
         if self.ray is not None:
             from strop.cluster.trainer import RemoteTrainer  # lazy: Ray is an extra
             trainer = RemoteTrainer(base_model, self.model_dir(base_model), settings=self.ray,
-                                    dtype=dtype or self._choices["trainer_dtype"] or "auto", **options)
+                                    dtype=dtype or self._choices["trainer_dtype"] or "auto", run_gpus=self.gpus,
+                                    **options)
             self._trainers.append(trainer)
             return trainer
         compute = torch_dtype(dtype or self.dtype)
@@ -337,17 +339,19 @@ class ServiceClient:
         `device`: where this process's trainers and strop's sampler compute, "cpu", "cuda" or "cuda:N"; None: a
         CUDA GPU where torch sees one, else the CPU (STROP_DEVICE overrides; strop.engine.precision.train_device).
         `gpus`: a run's execution.gpus, deciding the device when `device` is not given (0: the CPU; 1: the GPU
-        where there is one; more is refused: strop.engine.precision.run_device)."""
+        where there is one; more is refused: strop.engine.precision.run_device). On Ray the cluster's GPUs are
+        the replicas' (a GPU each where there are enough), except that 0 keeps every replica on its CPU."""
         if backend != "local":
             raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
         check_dtype(dtype)
         check_sampler(sampler)
         if sampler_dtype is not None:
             check_dtype(sampler_dtype, what="sampler_dtype")
-        if device is None and gpus is not None:
+        on_ray = ray is not None or RaySettings.from_environment() is not None
+        if device is None and gpus is not None and (gpus == 0 or not on_ray):  # on Ray the cluster counts them
             device = run_device(gpus)
         self.backend = LocalBackend(dtype=dtype, max_batch=max_batch, sampler_dtype=sampler_dtype, sampler=sampler,
-                                    sampler_options=sampler_options, ray=ray, device=device)
+                                    sampler_options=sampler_options, ray=ray, device=device, gpus=gpus)
 
     @property
     def dtype(self) -> str:

@@ -128,6 +128,13 @@ def forwarded_env() -> dict:
     return {k: os.environ[k] for k in keys}
 
 
+def actor_env(gpus: int | None = None) -> dict:
+    """An actor's environment: `forwarded_env`, and STROP_DEVICE=cpu where the run's execution.gpus is 0, so that
+    an actor placed on a node with GPUs computes on its CPU as the run asked (Ray hides no GPU from an actor that
+    asked for none)."""
+    return {**forwarded_env(), **({"STROP_DEVICE": "cpu"} if gpus == 0 else {})}
+
+
 def check_resources(what: str, cpus: float, gpus: float = 0) -> None:
     """ClusterError when the cluster, as a whole, has fewer CPUs or GPUs than `what` asks for (Ray would otherwise
     leave the actors pending for ever)."""

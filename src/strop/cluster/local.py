@@ -1,9 +1,13 @@
 """A Ray cluster of several nodes on this machine's loopback, for trying Ray runs and testing them: a head node
 and worker nodes started with Ray's own `ray start`, as on real machines, each node a raylet of its own.
 
-    with LocalCluster(nodes=2, cpus_per_node=2) as cluster:
+    with LocalCluster(nodes=2, cpus_per_node=2) as cluster:   # gpus_per_node=1: a logical GPU a node (see below)
         print(cluster.address)          # "127.0.0.1:PORT": give it as execution.ray.address / --ray-address
         cluster.pids()                  # every process of the cluster
+
+`gpus_per_node` declares GPUs to Ray (`ray start --num-gpus`) without checking that the node has them: actors that
+ask for one are placed as on a GPU machine, and compute wherever torch finds CUDA (on the CPU here). It tries the
+placement decisions of a GPU cluster on a machine without one.
 
 Stopping kills only this cluster's processes (found by its own temporary folder), not other Ray clusters on
 the machine, as `ray stop` would.
@@ -33,8 +37,8 @@ def free_port() -> int:
 
 
 class LocalCluster:
-    def __init__(self, nodes: int = 2, cpus_per_node: int = 2, env: dict | None = None):
-        self.nodes, self.cpus = nodes, cpus_per_node
+    def __init__(self, nodes: int = 2, cpus_per_node: int = 2, env: dict | None = None, gpus_per_node: int = 0):
+        self.nodes, self.cpus, self.gpus = nodes, cpus_per_node, gpus_per_node
         self.env = {**os.environ, **(env or {})}
         self.temp = None
         self.address = None
@@ -51,7 +55,7 @@ class LocalCluster:
         import_ray()
         ray_cli = Path(sys.executable).with_name("ray")
         command = [str(ray_cli) if ray_cli.exists() else "ray", "start", *args, f"--num-cpus={self.cpus}",
-                   f"--object-store-memory={OBJECT_STORE_BYTES}", "--node-ip-address=127.0.0.1",
+                   f"--num-gpus={self.gpus}", f"--object-store-memory={OBJECT_STORE_BYTES}", "--node-ip-address=127.0.0.1",
                    "--disable-usage-stats"]
         done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=180)
         if done.returncode != 0:

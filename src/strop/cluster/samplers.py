@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from strop.cluster.connect import (ClusterError, cluster_facts, connect, first_line, forwarded_env, in_group, place,
+from strop.cluster.connect import (ClusterError, actor_env, cluster_facts, connect, first_line, in_group, place,
                                    raised_there, stop_actors)
 from strop.cluster.settings import RaySettings
 
@@ -92,17 +92,20 @@ class RaySamplerEngine:
     """`settings.samplers` replicas of one engine on the cluster at `settings.address`."""
 
     def __init__(self, base_model: str, model_dir: str | Path, *, settings: RaySettings, sampler: str = "auto",
-                 dtype: str = "auto", max_batch: int = 64, options: dict | None = None, reserved_gpus: int = 0):
+                 dtype: str = "auto", max_batch: int = 64, options: dict | None = None, reserved_gpus: int = 0,
+                 run_gpus: int | None = None):
         self.ray = connect(settings.address)
-        # a GPU each where the cluster has one for every replica beside those the trainers took
-        gpus = 1 if self.ray.cluster_resources().get("GPU", 0) - reserved_gpus >= settings.samplers else 0
+        # a GPU each where the cluster has one for every replica beside those the trainers took; none where the
+        # run's execution.gpus (`run_gpus`) is 0
+        have = self.ray.cluster_resources().get("GPU", 0) if run_gpus != 0 else 0
+        gpus = 1 if have and have - reserved_gpus >= settings.samplers else 0
         cpus = 0 if gpus else 1
         self.group = place(f"{settings.samplers} sampler replicas",
                            [{"GPU": 1} if gpus else {"CPU": 1}] * settings.samplers)
         options = {k: v for k, v in (options or {}).items() if k != "log_dir"}  # a vLLM replica logs on its node
         actor, common = self.ray.remote(SamplerReplica), {
             "num_cpus": cpus, "num_gpus": gpus, "max_restarts": RESTARTS, "max_task_retries": 0,
-            "runtime_env": {"env_vars": forwarded_env()}}
+            "runtime_env": {"env_vars": actor_env(run_gpus)}}
         self.replicas = [actor.options(**common, **in_group(self.group, i)).remote(base_model, str(model_dir), sampler,
                                                                                   dtype, max_batch, options)
                          for i in range(settings.samplers)]

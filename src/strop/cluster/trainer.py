@@ -28,7 +28,7 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-from strop.cluster.connect import (ClusterError, connect, first_line, forwarded_env, in_group, place, raised_there,
+from strop.cluster.connect import (ClusterError, actor_env, connect, first_line, in_group, place, raised_there,
                                    stop_actors)
 from strop.cluster.folders import pack, unpack
 from strop.cluster.settings import RaySettings
@@ -125,13 +125,15 @@ class TrainerReplica:
 
 class RemoteTrainer:
     """A LoRA trainer on the cluster at `settings.address`: `settings.trainers` data-parallel replicas, a GPU
-    each where the cluster has enough of them."""
+    each where the cluster has enough of them, unless the run's execution.gpus (`run_gpus`) is 0: then every replica
+    takes a CPU and computes on it, whatever GPUs its node has."""
 
     def __init__(self, base_model: str, model_dir: str | Path, *, settings: RaySettings, dtype: str = "auto",
-                 rank: int = 32, alpha: float | None = None, target_modules: list[str] | None = None, seed: int = 0):
+                 rank: int = 32, alpha: float | None = None, target_modules: list[str] | None = None, seed: int = 0,
+                 run_gpus: int | None = None):
         self.ray = ray = connect(settings.address)
         n = settings.trainers
-        have = ray.cluster_resources().get("GPU", 0)
+        have = ray.cluster_resources().get("GPU", 0) if run_gpus != 0 else 0
         if 0 < have < n:
             raise ClusterError(f"{n} data-parallel trainers take a GPU each, and the Ray cluster has {have:g}: ask "
                                f"for at most {int(have)} (execution.ray.trainers, execution.gpus) or add GPU nodes")
@@ -141,7 +143,7 @@ class RemoteTrainer:
         actor = ray.remote(TrainerReplica)
         options = {"rank": rank, "alpha": alpha, "target_modules": target_modules, "seed": seed}
         self.actors = [actor.options(num_cpus=0 if gpus else 1, num_gpus=gpus, max_restarts=0,
-                                     runtime_env={"env_vars": forwarded_env()}, **in_group(self.group, i)
+                                     runtime_env={"env_vars": actor_env(run_gpus)}, **in_group(self.group, i)
                                      ).remote(base_model, str(model_dir), options, dtype) for i in range(n)]
         try:
             placed = self._all([a.where.remote() for a in self.actors], START_TIMEOUT_S)

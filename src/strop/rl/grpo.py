@@ -166,7 +166,7 @@ def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, ser
                          on_eval=on_eval)
     service = ServiceClient(dtype=config.dtype, sampler=config.sampler, ray=config.ray,
                             sampler_options={"log_dir": str(run_dir)},  # a vLLM engine logs into the run folder
-                            gpus=None if config.ray else config.gpus)
+                            gpus=config.gpus)
     try:
         return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce,
                          on_eval=on_eval)

@@ -129,7 +129,7 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
             progress: bool = True) -> SFTResult:
     run_dir = Path(run_dir)
     if service is None:
-        own = ServiceClient(dtype=config.dtype, ray=config.ray, gpus=None if config.ray else config.gpus)
+        own = ServiceClient(dtype=config.dtype, ray=config.ray, gpus=config.gpus)
         try:
             return run_sft(config, run_dir, service=own, progress=progress)
         finally:
