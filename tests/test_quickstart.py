@@ -184,7 +184,7 @@ def test_quickstart_help_teaches_the_main_flags():
     done = subprocess.run([sys.executable, "-m", "strop.cli.main", "quickstart", "--help"], capture_output=True, text=True)
     for flag in ("--base-model", "--dataset", "--data-file", "--steps", "--eval-n", "--baseline", "--judge", "--out",
                  "--concurrency", "--max-retries", "--timeout", "11-12 minutes", "the --base-model itself", "--task",
-                 "finance-sql", "--demos", "--sft-steps", "with --task finance-sql"):
+                 "finance-sql", "--demos", "--sft-steps", "--sft-batch-size", "with --task finance-sql"):
         assert flag in " ".join(done.stdout.split())
 
 
@@ -231,9 +231,9 @@ def test_finance_sql_quickstart_warm_starts_then_rl_and_cleans_up(tmp_path):
 def test_finance_sql_quickstart_refuses_the_flags_of_the_other_task(tmp_path):
     home, out = tmp_path / "home", tmp_path / "qs"
     done = strop("quickstart", "--task", "finance-sql", "--judge", "openai:j@http://127.0.0.1:9/v1", "--dataset",
-                 "gsm8k", "--sft-steps", "0", "--out", out, home=home)
+                 "gsm8k", "--sft-steps", "0", "--sft-batch-size", "-3", "--out", out, home=home)
     assert done.returncode == 1
     for part in ("--judge applies to --task gsm8k", "--dataset and --data-file choose the data of --task gsm8k",
-                 "--sft-steps: must be an integer from 1"):
+                 "--sft-steps: must be an integer from 1", "--sft-batch-size: must be an integer from 1"):
         assert part in done.stderr, part
     assert not out.exists()

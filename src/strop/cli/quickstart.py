@@ -63,8 +63,10 @@ def register(nouns) -> None:
                                         "grammar-constrained), a model id, or none (default: local)")
     parser.add_argument("--demos", type=int, help=f"finance-sql: demonstrations for the warm start (default: {d.demos})")
     parser.add_argument("--sft-steps", type=int,
-                        help=f"finance-sql: supervised steps of 8 demonstrations (default: "
+                        help=f"finance-sql: supervised steps of --sft-batch-size demonstrations (default: "
                              f"{finance.get('sft_steps', d.sft_steps)})")
+    parser.add_argument("--sft-batch-size", type=int,
+                        help=f"finance-sql: demonstrations per supervised step (default: {d.sft_batch_size})")
     parser.add_argument("--sft-learning-rate", type=float,
                         help=f"finance-sql: the warm start's learning rate (default: {d.sft_learning_rate})")
     parser.add_argument("--out", default=d.out, help="folder for the report, data and quickstart.json (default: %(default)s)")
@@ -106,7 +108,7 @@ def _quickstart(args) -> int:
         group_size=args.group_size, batch_size=args.batch_size, max_tokens=args.max_tokens,
         learning_rate=args.learning_rate, concurrency=args.concurrency, max_retries=args.max_retries,
         request_timeout=args.request_timeout, demos=args.demos, sft_steps=args.sft_steps,
-        sft_learning_rate=args.sft_learning_rate)
+        sft_batch_size=args.sft_batch_size, sft_learning_rate=args.sft_learning_rate)
     if args.judge is not None:  # `none` turns the judge off, which None in for_task cannot say
         options = dataclasses.replace(options, judge=None if args.judge == "none" else args.judge)
     manifest = run_quickstart(options)

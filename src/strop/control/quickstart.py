@@ -58,7 +58,8 @@ class QuickstartOptions:
     max_retries: int = 3
     request_timeout: float = 120.0
     demos: int = 240                    # finance-sql: demonstrations for the warm start
-    sft_steps: int = 16                 # finance-sql: supervised steps of 8 demonstrations
+    sft_steps: int = 24                 # finance-sql: supervised steps of sft_batch_size demonstrations
+    sft_batch_size: int = 4
     sft_learning_rate: float = 5e-4
 
     @classmethod

@@ -52,6 +52,7 @@ def problems(o) -> list[str]:
     if o.demos < 1:
         found.append(f"--demos must be at least 1, got {o.demos}")
     for flag, limit, value in (("--sft-steps", "max_steps", o.sft_steps),
+                               ("--sft-batch-size", "batch_size", o.sft_batch_size),
                                ("--sft-learning-rate", "learning_rate", o.sft_learning_rate)):
         problem = LIMITS[limit].problem(value)
         if problem:
@@ -69,8 +70,8 @@ def _descriptor(o, project: str, *, base_model: str, sft_dataset: str | None, op
     lora = {"rank": o.lora_rank}
     if sft_dataset is not None:
         config = {"dataset": sft_dataset, "method": "sft", "maxSeqLength": 4096,
-                  "sftHyperparams": {"maxSteps": o.sft_steps, "batchSize": 8, "evalFraction": 0.05, "lora": lora,
-                                     "optimizer": {"learningRate": o.sft_learning_rate}}}
+                  "sftHyperparams": {"maxSteps": o.sft_steps, "batchSize": o.sft_batch_size, "evalFraction": 0.05,
+                                     "lora": lora, "optimizer": {"learningRate": o.sft_learning_rate}}}
         steps = o.sft_steps
     else:
         config = {"environment": {"name": "finance-sql", "options": options, "split": "train"}, "method": "grpo",
@@ -210,7 +211,7 @@ def run_steps(o, out: Path, manifest, say) -> None:
                                                options=options), indent=1))
     sft = runs.start(sft_path)
     manifest.set(warmStartRun=sft["runId"])
-    say(f"warm start: run {sft['runId']} ({o.sft_steps} supervised steps x 8 demonstrations)")
+    say(f"warm start: run {sft['runId']} ({o.sft_steps} supervised steps x {o.sft_batch_size} demonstrations)")
     with RunBar(sft["runId"], o.sft_steps, desc="warm start") as bar:
         finished = runs.wait(sft["runId"], on_poll=bar.update, interval=2.0)
     if finished["status"] != "succeeded":
