@@ -102,8 +102,10 @@ class LlamaDecoder:
             layer["lora_gate_up"] = _joined([lora.get("gate"), lora.get("up")], [inter, inter])
             layer["lora_o"], layer["lora_down"] = lora.get("o"), lora.get("down")
 
-    def start(self, cache, mask_B_T: torch.Tensor, max_new: int) -> "DecodeState":
-        return DecodeState(self, cache, mask_B_T, max_new)
+    def start(self, cache, mask_B_T: torch.Tensor, max_new: int, rows_of: torch.Tensor | None = None) -> "DecodeState":
+        """The rows' decode state from a prefill's `cache`, which it empties (`DecodeState`); `rows_of[b]`: the
+        cache row that row b starts from (several rows sampling one prompt), None: row b."""
+        return DecodeState(self, cache, mask_B_T, max_new, rows_of)
 
 
 class DecodeState:
@@ -111,7 +113,10 @@ class DecodeState:
 
     GROW = 128  # positions added to the buffers at a time: rows that stop early never pay for max_new
 
-    def __init__(self, decoder: LlamaDecoder, cache, mask_B_T: torch.Tensor, max_new: int):
+    def __init__(self, decoder: LlamaDecoder, cache, mask_B_T: torch.Tensor, max_new: int,
+                 rows_of: torch.Tensor | None = None):
+        """Copies the cache's keys and values into the buffers a layer at a time, dropping each layer of the cache
+        once copied, so the two never both hold every layer; `rows_of` repeats the cache's rows for the samples."""
         self.d = decoder
         B, T = mask_B_T.shape
         self.length, self.limit = T, T + max_new
@@ -122,8 +127,13 @@ class DecodeState:
         for layer in cache.layers:
             k = layer.keys.new_empty((B, decoder.kv_heads, capacity, decoder.head_dim))
             v = torch.empty_like(k)
-            k[:, :, :T] = layer.keys
-            v[:, :, :T] = layer.values
+            if rows_of is None:
+                k[:, :, :T] = layer.keys
+                v[:, :, :T] = layer.values
+            else:
+                k[:, :, :T] = layer.keys.index_select(0, rows_of)
+                v[:, :, :T] = layer.values.index_select(0, rows_of)
+            layer.keys = layer.values = None  # the caller's cache is spent: its memory goes back layer by layer
             self.keys.append(k)
             self.values.append(v)
 

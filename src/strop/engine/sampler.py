@@ -43,10 +43,12 @@ keep_freed_memory()
 
 DEFAULT_MAX_TOKENS = 256
 # a decode batch's keys and values at their final length may take this share of the memory available when it
-# starts: building them holds up to about four copies at once (the prefix cache's, the prefill's cache as it
-# grows, the decode buffers), and 64 finance-sql rows of ~2,000 positions (SmolLM2, float32: 5.9 GB each copy)
-# were killed for memory on a 24 GiB machine; at a sixth, 100 such episodes peaked at 20.5 GB, so a twelfth
-KV_SHARE = 1 / 12
+# starts. 64 finance-sql rows of ~2,000 positions (SmolLM2, float32: 5.9 GB a copy) were once killed for memory on
+# a 24 GiB machine: the prompts' cache was repeated to every row and then copied again into the decode buffers, and
+# the prefix cache held a third copy. The rows' cache is now copied from the prompts' a layer at a time, each
+# layer freed once copied (`DecodeState`), so a batch holds about one copy of its rows beside the prefix cache's
+# (its own budget, `strop.engine.prefix_cache.default_budget`)
+KV_SHARE = 1 / 4
 GRAMMAR_CACHE_SIZE = 32  # compiled JSON-schema grammars kept, least recently used dropped first
 GRAMMAR_CACHE_BYTES = 256 << 20
 
@@ -303,13 +305,17 @@ class SamplerEngine:
         row_to_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         logits_P_V, cache, mask = self._prefill(list(distinct))
         select = torch.tensor(row_to_prompt, dtype=torch.long, device=self.device)
-        cache.batch_select_indices(select)
         logits_B_V = logits_P_V[select]
         mask = mask[select]
         next_pos_B = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
-        state = self._decoder.start(cache, mask, max(r.max_tokens for r in rows)) if self._decoder else None
-        if state is not None:
-            del cache  # its keys and values now live in the decoder's buffers
+        state = None
+        if self._decoder is not None:
+            # the rows' keys and values go straight from the prompts' cache into the decoder's buffers, a layer at a
+            # time, each layer of the cache freed once copied: never a second cache of every row
+            state = self._decoder.start(cache, mask, max(r.max_tokens for r in rows), rows_of=select)
+            del cache
+        else:
+            cache.batch_select_indices(select)
 
         live = list(range(len(rows)))  # which rows the batch dimension holds, in order
         while True:
