@@ -44,11 +44,12 @@ keep_freed_memory()
 DEFAULT_MAX_TOKENS = 256
 # a decode batch's keys and values at their final length may take this share of the memory available when it
 # starts. 64 finance-sql rows of ~2,000 positions (SmolLM2, float32: 5.9 GB a copy) were once killed for memory on
-# a 24 GiB machine: the prompts' cache was repeated to every row and then copied again into the decode buffers, and
-# the prefix cache held a third copy. The rows' cache is now copied from the prompts' a layer at a time, each
-# layer freed once copied (`DecodeState`), so a batch holds about one copy of its rows beside the prefix cache's
-# (its own budget, `strop.engine.prefix_cache.default_budget`)
-KV_SHARE = 1 / 4
+# a 24 GiB machine; at a sixth, 100 such episodes peaked at 20.5 GB, so a twelfth. The rows' cache is now copied
+# from the prompts' a layer at a time, each layer freed once copied (`DecodeState`), which removed one copy; but a
+# quarter was killed for memory in a GRPO run of 8 x 8 finance-sql episodes (the process at 24.3 GB in its third
+# step's sampling): the prefill's activations grow with the batch too, and the memory this process freed and keeps
+# counts as available without being one block. So a twelfth still
+KV_SHARE = 1 / 12
 GRAMMAR_CACHE_SIZE = 32  # compiled JSON-schema grammars kept, least recently used dropped first
 GRAMMAR_CACHE_BYTES = 256 << 20
 
