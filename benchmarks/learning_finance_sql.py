@@ -169,11 +169,34 @@ def evaluate(args, models: dict, env_spec: dict, seconds: dict, started: float) 
             p = mcnemar_exact(lost, gained)
             entry["mcnemar"][f"{a} vs {b}"] = {"right_then_wrong": lost, "wrong_then_right": gained, "p": p}
             print(f"{split:12s} {a} -> {b}: {gained} gained, {lost} lost, exact McNemar p = {p:.3g}")
+        entry["byKind"] = by_kind(env_spec, split, args.eval_n, {name: reports[name]["splits"][split]["episodes"]
+                                                                for name in models})
+        for kind, passed in entry["byKind"].items():
+            print(f"{split:12s} {kind:18s} " + "  ".join(f"{name} {p}/{passed['n']}" for name, p in passed.items()
+                                                         if name != "n"))
         summary["splits"][split] = entry
     print("\nwall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
           + f"; total {summary['minutes_total']} min")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary))
+
+
+def by_kind(env_spec: dict, split: str, limit: int, episodes: dict[str, list[dict]]) -> dict[str, dict]:
+    """Episodes passed per kind of question (value, growth, margin...) and model: a total can hide a model that
+    moved from one kind to another (the 8 GRPO steps of benchmarks/RESULTS.md did). Kinds from the tasks' metadata."""
+    env = FinanceSQLEnv(**env_spec)
+    try:
+        kinds = {task.id: task.meta["kind"] for task in env.tasks(split, limit)}
+    finally:
+        env.close()
+    table: dict[str, dict] = {}
+    for name, eps in episodes.items():
+        for e in eps:
+            row = table.setdefault(kinds[e["task"]], {"n": 0, **{m: 0 for m in episodes}})
+            row[name] += bool(e["passed"])
+    for e in next(iter(episodes.values())):
+        table[kinds[e["task"]]]["n"] += 1
+    return dict(sorted(table.items()))
 
 
 if __name__ == "__main__":
