@@ -55,8 +55,8 @@ class LocalCluster:
         import_ray()
         ray_cli = Path(sys.executable).with_name("ray")
         command = [str(ray_cli) if ray_cli.exists() else "ray", "start", *args, f"--num-cpus={self.cpus}",
-                   f"--num-gpus={self.gpus}", f"--object-store-memory={OBJECT_STORE_BYTES}", "--node-ip-address=127.0.0.1",
-                   "--disable-usage-stats"]
+                   f"--num-gpus={self.gpus}", f"--object-store-memory={OBJECT_STORE_BYTES}",
+                   "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
         done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
             self.stop()

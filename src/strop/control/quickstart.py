@@ -70,9 +70,10 @@ class QuickstartOptions:
 
 
 # what a task sizes differently from the dataclass's defaults (gsm8k's). finance-sql's episodes are ~1,500 tokens:
-# on 2 CPU cores with bf16 units, ~20 s a supervised step of 4, 6-7 s an evaluation episode and ~3 minutes a GRPO
-# step of 4 x 4 episodes, so its defaults are sized to tell the story in under half an hour there
-# (benchmarks/RESULTS.md), with 20 episodes a split; the evidence at scale is benchmarks/learning_finance_sql.py
+# on 2 CPU cores with bf16 units, ~27 s a supervised step of 4, 7-9 s an evaluation episode and 3-4 minutes a GRPO
+# step of 4 x 4 episodes, so its defaults are sized to tell the story in under half an hour there (28 min 39 s
+# measured, benchmarks/RESULTS.md), with 20 episodes a split; the evidence at scale is
+# benchmarks/learning_finance_sql.py
 TASK_DEFAULTS: dict[str, dict] = {
     "gsm8k": {"judge": "local"},
     "finance-sql": {"steps": 2, "batch_size": 4, "group_size": 4, "max_tokens": 160, "eval_n": 20, "judge": None},
