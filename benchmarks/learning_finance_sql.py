@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from strop.engine.precision import kernels, resolve_dtype, sampler_dtype_for
 from strop.envs.finance_demos import demonstrations
 from strop.envs.finance_sql import FinanceSQLEnv
 from strop.evals.envs import evaluate_env
@@ -59,7 +60,6 @@ def main() -> int:
                      help="what every phase computes in (default: %(default)s, bfloat16 where the CPU has bf16 units)")
     cli.add_argument("--out", type=Path, default=Path("benchmarks/out/learning_finance_sql"))
     args = cli.parse_args()
-    from strop.engine.precision import kernels, resolve_dtype, sampler_dtype_for
     if args.dtype != "auto":
         os.environ["STROP_DTYPE"] = args.dtype  # the evaluations' samplers too
     args.computed = {"trainer": resolve_dtype(args.dtype), "sampler": sampler_dtype_for(args.dtype)}
@@ -151,7 +151,8 @@ def evaluate(args, models: dict, env_spec: dict, seconds: dict, started: float) 
               + f" ({seconds[f'eval {name}']:.0f} s)", flush=True)
         (args.out / f"eval-{name.replace('+', '-')}.json").write_text(json.dumps(reports[name], indent=1))
 
-    summary = {"model": args.model, "dtype": args.computed, "kernels": kernels(), "eval_n": args.eval_n, "seconds": {k: round(v) for k, v in seconds.items()},
+    summary = {"model": args.model, "dtype": args.computed, "kernels": kernels(), "eval_n": args.eval_n,
+               "seconds": {k: round(v) for k, v in seconds.items()},
                "minutes_total": round((time.perf_counter() - started) / 60, 1), "splits": {}}
     print(f"\n{'split':12s} {'model':9s} {'pass@1':>7s}  " + "  ".join(f"{r:>19s}" for r in RUBRICS))
     for split in SPLITS:
