@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+import strop
 from strop import types
 from strop.engine.precision import cuda_count, gpus_problem, run_device, train_device
 from strop.engine.sampler import SampleRequest, SamplerEngine
@@ -45,6 +46,12 @@ def test_execution_gpus_decides_the_device(monkeypatch):
     assert gpus_problem(2, 0).startswith("asks for 2 GPUs, and torch sees 0 CUDA GPUs")
     assert "execution.ray" in gpus_problem(2, 8) and "trains on one" in gpus_problem(2, 8)  # one process, one GPU
     assert gpus_problem(0, 0) is None and gpus_problem(1, 0) is None and gpus_problem(None, 0) is None
+    for bad in (-1, 1.5, "2", True, float("nan")):  # the Python API's ServiceClient(gpus=...) is refused the same
+        assert gpus_problem(bad, 8).startswith("must be a whole number of GPUs"), bad
+        with pytest.raises(StropError, match="gpus must be a whole number of GPUs"):
+            strop.ServiceClient(gpus=bad)
+        with pytest.raises(StropError, match="gpus must be a whole number of GPUs"):
+            strop.ServiceClient(gpus=bad, ray={"address": "127.0.0.1:1"})  # before any cluster is reached
     monkeypatch.setenv("STROP_DEVICE", "cpu")
     assert run_device(1) == "cpu"
     monkeypatch.setenv("STROP_DEVICE", f"cuda:{found}")  # a GPU that is not there is refused, not ignored

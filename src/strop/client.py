@@ -27,8 +27,8 @@ from strop.engine.resources import GIB, plan_grpo_memory, vllm_kv_budget, vllm_s
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.samplers import check_sampler, make_engine, resolve_sampler
 from strop.engine.trainer import LoraTrainer, SharedBase, load_adapter_weights
-from strop.engine.precision import (check_dtype, engine_facts, resolve_dtype, run_device, sampler_dtype_for,
-                                    torch_dtype, train_device)
+from strop.engine.precision import (check_dtype, engine_facts, gpus_value_problem, resolve_dtype, run_device,
+                                    sampler_dtype_for, torch_dtype, train_device)
 from strop.cluster.settings import RaySettings
 from strop.errors import StropError
 from strop.files import check_regular
@@ -347,6 +347,8 @@ class ServiceClient:
         check_sampler(sampler)
         if sampler_dtype is not None:
             check_dtype(sampler_dtype, what="sampler_dtype")
+        if problem := gpus_value_problem(gpus):  # on Ray too, where the count is the cluster's
+            raise StropError(f"gpus {problem}")
         on_ray = ray is not None or RaySettings.from_environment() is not None
         if device is None and gpus is not None and (gpus == 0 or not on_ray):  # on Ray the cluster counts them
             device = run_device(gpus)

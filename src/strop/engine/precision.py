@@ -115,6 +115,14 @@ def cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def gpus_value_problem(gpus) -> str | None:
+    """Why `gpus` is not a count of GPUs (a whole number, 0 or more; None: not given), or None."""
+    if gpus is None or (isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 0):
+        return None
+    return (f"must be a whole number of GPUs, 0 or more (0 computes on the CPU, 1 on a GPU where there is one); "
+            f"got {str(gpus)[:40]!r}")
+
+
 def gpus_problem(gpus: int | None, found: int) -> str | None:
     """Why a run in one process cannot have `gpus` (execution.gpus) where torch sees `found` CUDA GPUs, or None.
 
@@ -122,7 +130,11 @@ def gpus_problem(gpus: int | None, found: int) -> str | None:
     and run on CPU machines too). More than one is refused: a run in one process trains on one GPU, and more than
     this machine has is refused with the count found. On Ray, execution.gpus counts the cluster's GPUs instead
     (strop.cluster.trainer: a data-parallel trainer a GPU)."""
-    if gpus is None or gpus <= 1:
+    if gpus is None:
+        return None
+    if problem := gpus_value_problem(gpus):
+        return problem
+    if gpus <= 1:
         return None
     if gpus > found:
         return (f"asks for {gpus} GPUs, and torch sees {found} CUDA GPU{'s' if found != 1 else ''} on this machine: "
