@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from strop.engine import sampler as sampler_module
 from strop.engine.decode import LlamaDecoder
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine, _Row
 from strop.models import load_tokenizer
@@ -71,6 +72,80 @@ def test_rows_take_their_prompts_cache_and_the_cache_is_spent_layer_by_layer(eng
     width = mask.shape[1]
     for (keys, values), got_k, got_v in zip(copies, state.keys, state.values):
         assert torch.equal(got_k[:, :, :width], keys[rows_of]) and torch.equal(got_v[:, :, :width], values[rows_of])
+
+
+def shared_prefix_requests(tok):
+    """Prompts that all start with one long system text (as tool schemas do), of different lengths after it; one
+    of them sampled three times, the others with greedy and top-p rows that stop at different steps."""
+    system = "You are a careful analyst. Use the tools to look at the tables before you answer. " * 3
+    texts = [system + "What is 2 + 3?", system + "Compute the sum of seven and eleven, please.", system + "Hi"]
+    params = [SamplingParams(max_tokens=9, temperature=0, stop=[]), SamplingParams(max_tokens=14, seed=5, stop=[]),
+              SamplingParams(max_tokens=4, seed=9, top_p=0.9, top_k=20, stop=[])]
+    return [SampleRequest(prompt_tokens=tok.encode(t), num_samples=n, params=p)
+            for t, n, p in zip(texts, (2, 3, 2), params)]
+
+
+@pytest.mark.parametrize("grow", [128, 3], ids=["one-buffer", "buffers-grow"])
+def test_a_prefix_every_row_shares_is_kept_once_with_hf_forwards_numbers(engines, monkeypatch, grow):
+    """The decode state keeps the batch's common prefix once and each row's own positions beside it (left-padded
+    whatever the prompt cache's layout); tokens and logprobs are HF forward's, as rows leave and buffers grow."""
+    from strop.engine.decode import MIN_SHARED, DecodeState
+    monkeypatch.setattr(DecodeState, "GROW", grow)
+    fast, plain, tok = engines
+    requests = shared_prefix_requests(tok)
+    shared = sampler_module.common_prefix([r.prompt_tokens for r in requests])
+    assert shared >= MIN_SHARED
+    states = []
+    original = DecodeState.__init__
+    monkeypatch.setattr(DecodeState, "__init__",
+                        lambda self, *a, **k: (states.append(self), original(self, *a, **k))[1])
+    for _ in range(2):  # the second time the prompt cache holds the prefix: another layout of the prompts' slots
+        assert_same(run(fast, requests), run(plain, requests))
+    longest_own = max(len(r.prompt_tokens) for r in requests) - shared
+    for state in states:
+        assert state.shared == shared and state.shared_keys[0].shape[1] == shared
+        assert state.keys[0].shape[2] <= longest_own + max(r.params.max_tokens for r in requests)
+
+
+def test_one_prompts_samples_keep_the_whole_prompt_once(engines):
+    """Samples of one prompt share all of it: the rows' buffers start empty and hold only what they generate."""
+    fast, plain, tok = engines
+    prompt = tok.encode("You are a careful analyst. Use the tools to look at the tables before you answer. " * 2)
+    requests = [SampleRequest(prompt_tokens=prompt, num_samples=4, params=SamplingParams(max_tokens=6, seed=3))]
+    with torch.inference_mode():
+        _, cache, mask = fast._prefill([tuple(prompt)])
+    state = fast._decoder.start(cache, mask[[0, 0, 0, 0]], 6, rows_of=torch.tensor([0, 0, 0, 0]), shared=len(prompt))
+    assert state.length == 0 and state.shared_keys[0].shape[1] == len(prompt)
+    assert_same(run(fast, requests), run(plain, requests))
+
+
+def test_a_shared_prefix_counts_once_in_a_batchs_memory(engines, monkeypatch):
+    """Rows of prompts with a long common prefix: a memory budget that holds every row's own positions but not every
+    row's whole prompt still runs them as one batch, since the decode state keeps the prefix once."""
+    from strop.engine.sampler import KV_SHARE
+    fast, _, tok = engines
+    requests = shared_prefix_requests(tok)
+    shared = sampler_module.common_prefix([r.prompt_tokens for r in requests])
+    rows = sum(r.num_samples for r in requests)
+    longest = max(len(r.prompt_tokens) + r.params.max_tokens for r in requests)
+    budget = (shared + rows * (longest - shared) + 1) * fast.kv_bytes_per_token
+    assert budget < rows * longest * fast.kv_bytes_per_token  # per row, the batch would be cut
+    monkeypatch.setenv("STROP_MEMORY_LIMIT_MB", str(budget / KV_SHARE / 2**20))
+    sizes = []
+    original = fast._generate_batch
+    monkeypatch.setattr(fast, "_generate_batch",
+                        lambda rows, prompts: (sizes.append(len(rows)), original(rows, prompts)))
+    fast.generate(requests)
+    assert sizes == [rows]
+
+
+def test_bfloat16_buffers_keep_the_prefix_per_row():
+    """In bfloat16 a matmul over the rows' own keys copies them (SDPA reads them in place): measured slower, so
+    the prefix stays in each row there."""
+    from strop.engine.decode import MIN_SHARED, kept_shared
+    assert kept_shared(MIN_SHARED, torch.float32) == MIN_SHARED
+    assert kept_shared(MIN_SHARED - 1, torch.float32) == 0
+    assert kept_shared(500, torch.bfloat16) == 0
 
 
 def test_lora_merging_reaches_the_fused_weights(engines):

@@ -33,7 +33,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from strop.engine import unmerged
-from strop.engine.decode import LlamaDecoder
+from strop.engine.decode import LlamaDecoder, kept_shared
 from strop.engine.malloc import keep_freed_memory
 from strop.engine.prefix_cache import MIN_REUSE, PrefixCache, default_budget
 from strop.engine.resources import available_bytes
@@ -132,6 +132,14 @@ def inverse_cdf(probs_S_V: torch.Tensor, u_S: torch.Tensor) -> torch.Tensor:
 def cache_keyword(model) -> str:
     """The forward keyword for a KV cache: transformers 5 renamed past_key_values to cache."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def common_prefix(prompts: list) -> int:
+    """How many first tokens all the prompts have in common."""
+    first, length = prompts[0], min(len(p) for p in prompts)
+    for prompt in prompts[1:]:
+        length = next((i for i in range(length) if prompt[i] != first[i]), length)
+    return length
 
 
 def row_seed(seed: int, index: int) -> int:
@@ -238,11 +246,14 @@ class SamplerEngine:
 
     def _batches(self, rows: list[_Row], requests: list[SampleRequest]):
         """Runs of at most max_batch rows (in order) whose keys and values, every row at the batch's longest
-        final length, fit KV_SHARE of the memory available now (at least one row a batch)."""
-        budget = available_bytes() * KV_SHARE
+        final length, fit KV_SHARE of the memory available now (at least one row a batch). The prefix that every
+        request's prompt starts with is counted once (the decode step keeps it once), not in each row."""
+        shared = kept_shared(common_prefix([r.prompt_tokens for r in requests]), self.dtype) \
+            if self._decoder is not None else 0
+        budget = available_bytes() * KV_SHARE - shared * self.kv_bytes_per_token
         batch, longest = [], 0
         for row in rows:
-            length = len(requests[row.prompt_index].prompt_tokens) + row.max_tokens
+            length = len(requests[row.prompt_index].prompt_tokens) - shared + row.max_tokens
             wider = max(longest, length)
             if batch and (len(batch) == self.max_batch
                           or (len(batch) + 1) * wider * self.kv_bytes_per_token > budget):
@@ -313,7 +324,8 @@ class SamplerEngine:
         if self._decoder is not None:
             # the rows' keys and values go straight from the prompts' cache into the decoder's buffers, a layer at a
             # time, each layer of the cache freed once copied: never a second cache of every row
-            state = self._decoder.start(cache, mask, max(r.max_tokens for r in rows), rows_of=select)
+            state = self._decoder.start(cache, mask, max(r.max_tokens for r in rows), rows_of=select,
+                                        shared=common_prefix(list(distinct)))
             del cache
         else:
             cache.batch_select_indices(select)
