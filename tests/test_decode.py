@@ -139,6 +139,10 @@ def test_a_shared_prefix_counts_once_in_a_batchs_memory(engines, monkeypatch):
     assert sizes == [rows]
 
 
+def test_no_requests_sample_nothing(engines):
+    assert engines[0].generate([]) == []
+
+
 def test_bfloat16_buffers_keep_the_prefix_per_row():
     """In bfloat16 a matmul over the rows' own keys copies them (SDPA reads them in place): measured slower, so
     the prefix stays in each row there."""

@@ -135,7 +135,9 @@ def cache_keyword(model) -> str:
 
 
 def common_prefix(prompts: list) -> int:
-    """How many first tokens all the prompts have in common."""
+    """How many first tokens all the prompts have in common (0 for none)."""
+    if not prompts:
+        return 0
     first, length = prompts[0], min(len(p) for p in prompts)
     for prompt in prompts[1:]:
         length = next((i for i in range(length) if prompt[i] != first[i]), length)
