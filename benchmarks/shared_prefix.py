@@ -23,15 +23,26 @@ import time
 from _common import DEFAULT_MODEL, TINY_MODEL, load_line
 
 
+def count(text: str) -> int:
+    """A whole number of at least 1, for argparse: sizes of 0 or less measure nothing."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:40]!r}") from None
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"expected 1 to 100000, got {value}")
+    return value
+
+
 def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--model", default=DEFAULT_MODEL)
-    cli.add_argument("--rows", type=int, default=64, help="rows decoded at once, one prompt each")
-    cli.add_argument("--shared", type=int, default=400, help="tokens every prompt starts with")
-    cli.add_argument("--own", type=int, default=600, help="tokens of each prompt after the shared ones")
-    cli.add_argument("--tokens", type=int, default=48, help="new tokens per row")
+    cli.add_argument("--rows", type=count, default=64, help="rows decoded at once, one prompt each")
+    cli.add_argument("--shared", type=count, default=400, help="tokens every prompt starts with")
+    cli.add_argument("--own", type=count, default=600, help="tokens of each prompt after the shared ones")
+    cli.add_argument("--tokens", type=count, default=48, help="new tokens per row")
     cli.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    cli.add_argument("--repeats", type=int, default=3)
+    cli.add_argument("--repeats", type=count, default=3)
     cli.add_argument("--quick", action="store_true", help="tiny-random model, small sizes: a smoke run")
     args = cli.parse_args()
     if args.quick:
