@@ -20,13 +20,10 @@ import os
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from strop.engine.resources import GIB, plan_grpo_memory, vllm_kv_budget, vllm_share_bytes
-from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine
 from strop.engine.samplers import check_sampler, make_engine, resolve_sampler
-from strop.engine.trainer import LoraTrainer, SharedBase, load_adapter_weights
 from strop.engine.precision import (check_dtype, engine_facts, gpus_value_problem, resolve_dtype, run_device,
                                     sampler_dtype_for, torch_dtype, train_device)
 from strop.cluster.settings import RaySettings
@@ -36,6 +33,14 @@ from strop.models import CATALOG, load_tokenizer, resolve_model
 from strop.paths import strop_home
 from strop.types import (AdamParams, Datum, ForwardBackwardOutput, ModelInput, OptimStepResponse, SampleResponse,
                          SamplingParams, SaveWeightsResponse)
+
+if TYPE_CHECKING:
+    import torch
+
+    from strop.engine.sampler import AdapterWeights, SamplerEngine
+    from strop.engine.trainer import LoraTrainer, SharedBase
+# the engines (torch, transformers, peft: ~10 s to import on a slow CPU) are imported where one is made, so a command
+# that only plans a run's memory (admission: `strop runs start`) or reads a model's files does not pay for them
 
 
 class APIFuture:
@@ -126,6 +131,7 @@ class LocalBackend:
         key = (str(self.model_dir(base_model)), dtype)
         with self._bases_lock:
             if key not in self._bases:
+                from strop.engine.trainer import SharedBase  # lazy: torch, transformers, peft (see the top)
                 self._bases[key] = SharedBase(key[0], dtype, self.device)
             return self._bases[key]
 
@@ -205,6 +211,7 @@ class LocalBackend:
                                     **options)
             self._trainers.append(trainer)
             return trainer
+        from strop.engine.trainer import LoraTrainer  # lazy: torch, transformers, peft (see the top)
         compute = torch_dtype(dtype or self.dtype)
         return LoraTrainer(self.model_dir(base_model), compute_dtype=compute,
                            shared_base=self.shared_base(base_model, compute), **options)
@@ -236,6 +243,7 @@ class SamplingClient:
             raise StropError(f"num_samples must be at least 1, got {num_samples}")
         if prompt.length == 0:
             raise StropError("cannot sample from an empty prompt; build one with renderer.build_generation_prompt(messages)")
+        from strop.engine.sampler import SampleRequest  # lazy: transformers (see the top)
         request = SampleRequest(prompt_tokens=prompt.to_ints(), num_samples=num_samples,
                                 params=sampling_params or SamplingParams())
         return self._queue.submit(self.adapter, request)
@@ -395,6 +403,7 @@ class ServiceClient:
         """Sample from a base model, or from a saved adapter directory on top of it."""
         if base_model is None:
             raise StropError("create_sampling_client needs base_model (the model the adapter was trained on)")
+        from strop.engine.trainer import load_adapter_weights  # lazy: torch, transformers, peft (see the top)
         adapter = load_adapter_weights(model_path) if model_path else None
         return SamplingClient(self.backend, base_model, adapter=adapter, model_path=model_path)
 

@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
-import torch
 
 from strop.engine.losses import LOSSES
 from strop.errors import StropError
+
+if TYPE_CHECKING:
+    import torch
+# torch itself is imported where a tensor is made: `strop.types` is read by light callers too (a renderer checking a
+# transcript while a dataset is registered), which must not pay torch's 2-3 s import
 
 LossFnType = Literal[tuple(LOSSES)]  # the engine's losses by name (strop.engine.losses)
 StopReason = Literal["stop", "length"]
@@ -79,9 +83,6 @@ class ModelInput:
         return self.append(EncodedTextChunk(tokens=(token,)))
 
 
-_DTYPES = {"int64": torch.int64, "float32": torch.float32}
-
-
 @dataclass(frozen=True)
 class TensorData:
     """A tensor in a form that crosses process boundaries: flat values, dtype name and shape."""
@@ -98,10 +99,14 @@ class TensorData:
 
     @classmethod
     def from_numpy(cls, array: np.ndarray) -> TensorData:
+        import torch  # lazy: see the top of this module
+
         return cls.from_torch(torch.from_numpy(np.ascontiguousarray(array)))
 
     def to_torch(self) -> torch.Tensor:
-        tensor = torch.tensor(self.data, dtype=_DTYPES[self.dtype])
+        import torch  # lazy: see the top of this module
+
+        tensor = torch.tensor(self.data, dtype={"int64": torch.int64, "float32": torch.float32}[self.dtype])
         return tensor.reshape(self.shape) if self.shape is not None else tensor
 
     def to_numpy(self) -> np.ndarray:
@@ -113,6 +118,8 @@ class TensorData:
 
 def as_tensor_data(value: Any) -> TensorData:
     """Accept what users naturally pass as a loss input: TensorData, a torch tensor, a numpy array, a list."""
+    import torch  # lazy: see the top of this module
+
     if isinstance(value, TensorData):
         return value
     if isinstance(value, torch.Tensor):
