@@ -89,6 +89,15 @@ def test_train_bad_input_one_clear_error_nothing_written(capsys, tmp_path, argv,
     assert "run folder" not in err and not (tmp_path / "r").exists()
 
 
+def test_train_names_a_bad_grader_before_loading_any_model(capsys, tmp_path):
+    """Reward terms are resolved before the base model: a model that is not there is not reached (nor is a first
+    use of SmolLM2 converted, most of a minute, only to be told the grader is unknown)."""
+    code, _, err = run(capsys, "train", "--base-model", str(tmp_path / "no-such-model"), "--steps", "1",
+                       "--reward", "builtin:nope", "--run-dir", str(tmp_path / "r"), "--quiet")
+    assert code == 1 and "unknown built-in grader 'builtin:nope'" in err and "no-such-model" not in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_train_refuses_a_folder_of_a_different_run(capsys, tiny_model_dir, tmp_path):
     common = ["train", "--base-model", str(tiny_model_dir), "--steps", "1", "--group-size", "2", "--batch-size", "1",
               "--max-tokens", "4", "--rank", "4", "--run-dir", str(tmp_path / "r"), "--quiet"]

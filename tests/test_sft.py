@@ -89,6 +89,16 @@ def test_a_bad_line_is_named_and_nothing_is_written(tiny_model_dir, tmp_path, li
     assert expected in str(caught.value) and not (tmp_path / "run").exists()
 
 
+def test_a_bad_file_is_refused_before_any_model_is_loaded(tmp_path):
+    """The file is checked first: a model that is not there (or a first use of SmolLM2, converted in most of a
+    minute) is not reached, and the error is the file's."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "wizard", "content": "x"}]}) + "\n")
+    config = SFTConfig(base_model=str(tmp_path / "no-such-model"), dataset=str(path), max_steps=1)
+    with pytest.raises(DatasetError, match="line 1.*unknown role 'wizard'"):
+        run_sft(config, tmp_path / "run", progress=False)
+
+
 def test_all_empty_assistant_turns_are_refused(tiny_model_dir, tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]})

@@ -176,16 +176,18 @@ def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, ser
 
 def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, progress, announce,
               on_eval) -> RunResult:
-    training = training_client(service, config)
-    renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
-                            training.get_tokenizer())
+    # the reward terms first: a grader that does not exist is one error in a second, before the base model is
+    # loaded (a first use of SmolLM2 converts it: most of a minute)
     if pool is not None:
         source = EnvironmentSource(pool, system_prompt=config.system_prompt)
     else:
-        if config.max_seq_length:
-            check_prompt_lengths(renderer, items, config)
         source = ProblemSource(terms_from_spec(config.reward_terms, sandbox=sandbox),
                                system_prompt=config.system_prompt, question_suffix=config.question_suffix)
+    training = training_client(service, config)
+    renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
+                            training.get_tokenizer())
+    if pool is None and config.max_seq_length:
+        check_prompt_lengths(renderer, items, config)
     memory = plan(config, renderer, items, env=pool.first if pool is not None else None, service=service)
     training.set_micro_batch_tokens(memory["tokensPerMicroBatch"])
     base_sampler = service.create_sampling_client(base_model=config.base_model) if config.kl_beta > 0 else None

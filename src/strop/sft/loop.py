@@ -35,7 +35,7 @@ from strop.rl.config import DTYPE_CHOICES
 from strop.cluster.settings import RaySettings
 from strop.rl.metrics import RunLog, read_jsonl
 from strop.rl.step import adam_params, training_client
-from strop.sft.data import Example, load_examples
+from strop.sft.data import Example, check_file, load_examples
 
 
 @dataclass
@@ -129,6 +129,7 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
             progress: bool = True) -> SFTResult:
     run_dir = Path(run_dir)
     if service is None:
+        check_file(config.dataset)  # a bad line is one error at once, before a model is loaded (a first use: minutes)
         own = ServiceClient(dtype=config.dtype, ray=config.ray, gpus=config.gpus)
         try:
             return run_sft(config, run_dir, service=own, progress=progress)
