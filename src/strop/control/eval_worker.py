@@ -36,8 +36,9 @@ def progress_writer(path: Path):
 
 
 def judge_items(settings: dict | None, items, api_key_env: str | None = None, on_progress=None,
-                endpoint: dict | None = None) -> tuple[list, dict | None]:
-    """The judge's verdict on each item (None each when no judge was asked for) and their summary."""
+                endpoint: dict | None = None, service=None) -> tuple[list, dict | None]:
+    """The judge's verdict on each item (None each when no judge was asked for) and their summary. A local judge
+    samples through `service` when given (the one that generated: its engine is reused, not started again)."""
     if not settings:
         return [None] * len(items), None
     # lazy: strop.evals.judge pulls in torch, numpy, which importing this module does not need
@@ -45,7 +46,7 @@ def judge_items(settings: dict | None, items, api_key_env: str | None = None, on
     target = resolve_judge(settings["model"])
     judge = Judge(target.get("openai") or target["basePath"], settings.get("metrics") or None,
                   retries=settings.get("retries", 2), adapter=target.get("adapter"),
-                  api_key_env=api_key_env or "OPENAI_API_KEY", **_client_settings(endpoint))
+                  api_key_env=api_key_env or "OPENAI_API_KEY", service=service, **_client_settings(endpoint))
     verdicts = judge.judge_many([JudgeInput(i.question, i.gold, i.response) for i in items], on_progress=on_progress)
     summary = summarize_verdicts(verdicts, judge.metrics, exact=[i.correct for i in items])
     return verdicts, {**summary, "model": settings["model"], "schemaEnforced": judge.schema_enforced}
@@ -70,7 +71,9 @@ def all_requests_failed(model_ref: str, items) -> StropError | None:
 
 def main(evaluation_id: str) -> int:
     # lazy: strop.evals pulls in torch, numpy, which importing this module does not need
+    import strop
     from strop.evals import evaluate_local
+    service = None  # a local model's: generation and a local judge share its sampler engine (one vLLM start, not two)
     with session_scope(open_store()) as s:
         evaluation = s.get(Evaluation, evaluation_id)
         evaluation.status, evaluation.started_at = "running", utcnow()
@@ -96,11 +99,12 @@ def main(evaluation_id: str) -> int:
             if failure is not None:
                 raise failure
         else:
+            service = strop.ServiceClient()
             result = evaluate_local(model["basePath"], rows, grader, adapter=model["adapter"], samples=samples,
-                                    max_tokens=max_tokens, progress=False, on_progress=generated)
+                                    max_tokens=max_tokens, progress=False, on_progress=generated, service=service)
         verdicts, judged = judge_items(summary.get("judgeSettings"), result.items, summary.get("apiKeyEnv"),
                                        on_progress=lambda done, total: report("judge", done, total),
-                                       endpoint=summary.get("endpoint"))
+                                       endpoint=summary.get("endpoint"), service=service)
         with session_scope(open_store()) as s:
             for item, verdict in zip(result.items, verdicts):
                 s.add(EvaluationItem(evaluation_id=evaluation_id, item_index=item.index, sample=0, question=item.question,
@@ -119,6 +123,9 @@ def main(evaluation_id: str) -> int:
             reason = str(exc) if isinstance(exc, StropError) else f"{type(exc).__name__}: {exc}"
             evaluation.error = reason[:4000]
         return 1
+    finally:
+        if service is not None:
+            service.close()  # a vLLM engine's process ends with the evaluation
 
 
 if __name__ == "__main__":

@@ -137,8 +137,8 @@ class _Process:
             line, _, self._buffer = self._buffer.partition(b"\n")
         reply = json.loads(line)
         if not reply.get("ok"):
-            raise VllmEngineError(f"the vLLM engine refused {message.get('op')!r}: {reply.get('error')}"
-                                  + (f"\nits log: {self.log_path}\n{self.log_tail()}" if reply.get("fatal") else ""))
+            raise VllmEngineError(f"the vLLM engine refused {message.get('op')!r}: {reply.get('error')}\nits log: "
+                                  f"{self.log_path}" + (f"\n{self.log_tail()}" if reply.get("fatal") else ""))
         return reply
 
     def died(self, how: str) -> VllmEngineError:

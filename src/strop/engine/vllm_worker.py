@@ -197,6 +197,12 @@ class Worker:
         for request, output in zip(message["requests"], outputs):
             sequences = []
             for completion in sorted(output.outputs, key=lambda c: c.index):
+                if completion.finish_reason == "error":
+                    # vLLM ends a request it could not run (a JSON schema its grammar backend cannot compile) with
+                    # no tokens; passed on, that would read as an empty answer
+                    raise RuntimeError(f"vLLM could not run request {len(responses)} of this batch"
+                                       f"{' (its JSON schema did not compile to a grammar)' if request.get('json_schema') else ''}; "
+                                       "vLLM's log has the cause")
                 tokens = list(completion.token_ids)
                 logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], tokens)]
                 reason = "length" if completion.finish_reason == "length" else "stop"

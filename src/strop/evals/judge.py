@@ -201,7 +201,7 @@ class Judge:
 
     def __init__(self, model: str, metrics=None, *, retries: int = 2, max_tokens: int = 200, concurrency: int = 4,
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, max_retries: int = 3,
-                 local_model: str | None = None, adapter: str | None = None):
+                 local_model: str | None = None, adapter: str | None = None, service=None):
         if retries < 0:
             raise JudgeError(f"judge retries must be >= 0, got {retries}")
         self.model, self.metrics, self.retries = model, metrics_from(metrics), retries
@@ -211,6 +211,7 @@ class Judge:
         self._api_key_env, self._timeout, self._max_retries = api_key_env, timeout, max_retries
         self._local = (local_model or _default_local()) if model == "local" else model
         self._adapter = adapter
+        self._service = service  # a local judge samples through it when given (a ServiceClient shared with generation)
 
     @property
     def ranges(self) -> dict[str, list[int]]:
@@ -289,8 +290,11 @@ class Judge:
 
     def _ask_local(self, items, attempt):
         sampler, renderer = self._local_sampler()
+        # strop's decoder holds the sentence to REASONING_PATTERN; vLLM's xgrammar (0.2.8) cannot compile its
+        # 240-fold repetition, and bounds it by maxLength instead (a blank sentence is then refused when parsed)
+        schema = verdict_schema(self.metrics, bounded=self._engine != "vllm")
         params = types.SamplingParams(max_tokens=self.max_tokens, temperature=0.0 if attempt == 0 else 0.7,
-                                      seed=attempt, json_schema=verdict_schema(self.metrics, bounded=True), stop=renderer.get_stop_sequences())
+                                      seed=attempt, json_schema=schema, stop=renderer.get_stop_sequences())
         futures = [sampler.sample(prompt=renderer.build_generation_prompt(
             [{"role": "user", "content": judge_prompt(self.metrics, item)}]), num_samples=1, sampling_params=params)
             for item in items]
@@ -303,8 +307,9 @@ class Judge:
 
     def _local_sampler(self):
         if not hasattr(self, "_sampler"):
-            service = strop.ServiceClient()
+            service = self._service or strop.ServiceClient()
             self._sampler = service.create_sampling_client(base_model=self._local, model_path=self._adapter)
+            self._engine = service.backend.sampler_facts().get("sampler")  # "strop" or "vllm"
             self._renderer = get_renderer(model_info.get_recommended_renderer_name(self._local), get_tokenizer(self._local))
         return self._sampler, self._renderer
 
