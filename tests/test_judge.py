@@ -181,3 +181,39 @@ def test_an_endpoint_without_json_schema_is_asked_in_plain_text():
         assert not judge.schema_enforced and "response_format" not in srv.requests[-1]
     finally:
         srv.shutdown()
+
+
+
+from test_control import home  # noqa: E402,F401 - a fresh STROP_HOME and store, shared
+
+
+def test_an_evaluations_local_judge_reuses_the_generators_engine_only_for_its_own_model(home, tiny_model_dir,  # noqa: F811
+                                                                                      tmp_path):
+    """The evaluation worker hands its ServiceClient to the judge: a judge on the model that generated samples
+    through the same engine (one vLLM start, not two); a judge on another model gets the generator's engine let
+    go first, so the two are not held in memory together."""
+    import shutil
+    from types import SimpleNamespace
+
+    import strop
+    from strop.cli.main import main
+    from strop.control.eval_worker import judge_items
+    from strop.control.evaluations import resolve_model
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    for model in (tiny_model_dir, other):
+        assert main(["base-models", "select", str(model), "--wait"]) == 0
+    service = strop.ServiceClient()
+    items = [SimpleNamespace(question="What is 1+1?", gold="2", response="1+1 is 2. #### 2", correct=True)]
+    generated_on = resolve_model(str(tiny_model_dir))["basePath"]
+    try:
+        engine = service.backend.queue(generated_on).engine
+        _, summary = judge_items({"model": str(tiny_model_dir), "retries": 0}, items, service=service,
+                                 generated_on=generated_on)
+        assert summary["judged"] + summary["failures"] == 1
+        assert service.backend.queue(generated_on).engine is engine  # the judge sampled on the generator's engine
+        judge_items({"model": str(other), "retries": 0}, items, service=service, generated_on=generated_on)
+        assert list(service.backend._queues) == [str(service.backend.model_dir(resolve_model(str(other))["basePath"]))]
+    finally:
+        service.close()

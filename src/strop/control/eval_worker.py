@@ -36,14 +36,17 @@ def progress_writer(path: Path):
 
 
 def judge_items(settings: dict | None, items, api_key_env: str | None = None, on_progress=None,
-                endpoint: dict | None = None, service=None) -> tuple[list, dict | None]:
+                endpoint: dict | None = None, service=None, generated_on: str | None = None) -> tuple[list, dict | None]:
     """The judge's verdict on each item (None each when no judge was asked for) and their summary. A local judge
-    samples through `service` when given (the one that generated: its engine is reused, not started again)."""
+    samples through `service` when given: the one that generated on base model `generated_on`, whose engine it
+    reuses when it judges with the same base model."""
     if not settings:
         return [None] * len(items), None
     # lazy: strop.evals.judge pulls in torch, numpy, which importing this module does not need
     from strop.evals.judge import JudgeInput, Judge, summarize_verdicts
     target = resolve_judge(settings["model"])
+    if service is not None and target.get("basePath") != generated_on:
+        service.close()  # the generator's engine (another model) is not kept in memory beside the judge's
     judge = Judge(target.get("openai") or target["basePath"], settings.get("metrics") or None,
                   retries=settings.get("retries", 2), adapter=target.get("adapter"),
                   api_key_env=api_key_env or "OPENAI_API_KEY", service=service, **_client_settings(endpoint))
@@ -104,7 +107,8 @@ def main(evaluation_id: str) -> int:
                                     max_tokens=max_tokens, progress=False, on_progress=generated, service=service)
         verdicts, judged = judge_items(summary.get("judgeSettings"), result.items, summary.get("apiKeyEnv"),
                                        on_progress=lambda done, total: report("judge", done, total),
-                                       endpoint=summary.get("endpoint"), service=service)
+                                       endpoint=summary.get("endpoint"), service=service,
+                                       generated_on=model.get("basePath"))
         with session_scope(open_store()) as s:
             for item, verdict in zip(result.items, verdicts):
                 s.add(EvaluationItem(evaluation_id=evaluation_id, item_index=item.index, sample=0, question=item.question,
