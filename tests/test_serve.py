@@ -2,6 +2,7 @@
 `openai:NAME@URL` endpoints."""
 
 import json
+import re
 import threading
 
 import pytest
@@ -133,3 +134,27 @@ def test_generation_in_chunks_gives_what_one_pass_gives(server):
     assert whole[0].stop_reason == "stop" and 80 <= len(whole[0].tokens) < 128
     assert [(s.tokens, s.stop_reason) for s in chunked] == [(s.tokens, s.stop_reason) for s in whole]
     assert generate(server.sampler, prompt, 2, types.SamplingParams(max_tokens=100), decode, lambda: True) is None
+
+
+def test_malformed_messages_are_400s_naming_the_field(server):
+    """OpenAI's message shapes a client may get wrong (tool_calls, content parts) are refused with 400 and the field,
+    through the real client; before, several reached the renderer and came back as 500s. Text parts and arguments
+    given as an object still work."""
+    import openai
+    client = OpenAI(base_url=url(server), api_key="sekret", max_retries=0)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    user = {"role": "user", "content": "q"}
+    bad = [([user, {"role": "assistant", "content": "x", "tool_calls": 5}], "messages[1].tool_calls"),
+           ([user, {"role": "assistant", "tool_calls": [{"function": "f"}]}], "a tool call must look like"),
+           ([user, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}]}],
+            "are not valid JSON"),
+           ([{"role": "user", "content": [5]}], "content[0] must be a part"),
+           ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}], "text only")]
+    for messages, expected in bad:
+        with pytest.raises(openai.BadRequestError, match=re.escape(expected)):
+            client.chat.completions.create(model="tiny", max_tokens=2, messages=messages, tools=tools)
+    fine = [{"role": "user", "content": [{"type": "text", "text": "q"}]},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
+                                                                   "function": {"name": "f", "arguments": {"a": 1}}}]},
+            {"role": "tool", "tool_call_id": "1", "content": [{"type": "text", "text": "1"}]}]
+    assert client.chat.completions.create(model="tiny", max_tokens=2, messages=fine, tools=tools).choices

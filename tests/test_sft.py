@@ -13,7 +13,7 @@ from strop.envs.finance_sql import FinanceSQLEnv
 from strop.errors import DatasetError
 from strop.renderers import get_renderer
 from strop.sft import SFTConfig, run_sft
-from strop.sft.data import load_examples, render_conversation
+from strop.sft.data import check_file, load_examples, render_conversation
 from strop.sft.loop import example_datum
 from strop.tokenizer_utils import get_tokenizer
 
@@ -87,6 +87,82 @@ def test_a_bad_line_is_named_and_nothing_is_written(tiny_model_dir, tmp_path, li
     with pytest.raises(DatasetError, match="line 2") as caught:
         run_sft(config, tmp_path / "run", progress=False)
     assert expected in str(caught.value) and not (tmp_path / "run").exists()
+
+
+_USER = {"role": "user", "content": "x"}
+
+
+@pytest.mark.parametrize("line, expected", [
+    ({"messages": [_USER, {"role": "assistant", "content": "y", "tool_calls": 5}]}, "tool_calls must be a list"),
+    ({"messages": [_USER, {"role": "assistant", "content": "y", "tool_calls": {"a": 1}}]}, "tool_calls must be a list"),
+    ({"messages": [_USER, {"role": "assistant", "tool_calls": ["add"]}], "tools": TOOLS}, "a tool call must look like"),
+    ({"messages": [_USER, {"role": "assistant", "tool_calls": [{"function": "add"}]}], "tools": TOOLS},
+     "a tool call must look like"),
+    ({"messages": [_USER, {"role": "assistant", "tool_calls": [{"function": {"name": "add", "arguments": "{a: 1"}}]}],
+      "tools": TOOLS}, "arguments of the call to 'add' are not valid JSON"),
+    ({"messages": [_USER, {"role": "assistant", "tool_calls": [{"function": {"name": "add", "arguments": [1]}}]}],
+      "tools": TOOLS}, "must be an object or JSON text of one"),
+    ({"messages": [_USER, {"role": "assistant", "tool_calls": [{"function": {"name": "add", "arguments": "[1]"}}]}],
+      "tools": TOOLS}, "must be a JSON object"),
+    ({"messages": [_USER, {"role": "assistant", "content": "y"}], "tools": [{"function": "add"}]},
+     "tools must be a list of OpenAI function schemas"),
+    ({"messages": [_USER, {"role": "assistant", "content": "y"}], "tools": [{"name": ["add"]}]},
+     "tools must be a list of OpenAI function schemas"),
+    ({"messages": [_USER, {"role": "assistant", "content": "y"}], "tools": "add"}, "tools must be a list"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+                   {"role": "assistant", "content": "y"}]}, "is a 'image_url' part; these models read text only"),
+    ({"messages": [{"role": "user", "content": [7]}, {"role": "assistant", "content": "y"}]}, "content[0] must be a part"),
+    ({"messages": [{"role": "user", "content": {"text": "x"}}, {"role": "assistant", "content": "y"}]},
+     "content must be a string or a list of text parts"),
+    ({"messages": [_USER, {"role": "assistant", "content": "y", "weight": 0.5}]}, "weight is 0 or 1"),
+    ({"messages": [{"role": "user", "content": "x", "weight": 1}, {"role": "assistant", "content": "y"}]},
+     "only on an assistant turn"),
+    ({"messages": [{"role": "developer", "content": "x"}, {"role": "assistant", "content": "y"}]},
+     "developer turn is a system turn here"),
+    ({"prompt": [_USER], "completion": [{"role": "user", "content": "y"}]}, "the completion has no assistant turn"),
+    ({"prompt": [_USER], "completion": []}, "two non-empty lists of messages"),
+    ({"prompt": [{"role": 3}], "completion": [{"role": "assistant", "content": "y"}]}, "prompt[0]: unknown role"),
+])
+def test_a_malformed_transcript_is_one_clear_error_not_a_crash(tmp_path, line, expected):
+    """Structures a stranger's file may hold (OpenAI's format has many optional shapes): each is refused by line and
+    field with DatasetError; before, several raised TypeError or AttributeError from inside the check."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "fine", "completion": "ok"}) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(DatasetError, match="line 2") as caught:
+        check_file(path)
+    assert expected in str(caught.value)
+
+
+def test_openai_and_trl_forms_train_what_they_say(tiny_model_dir, tmp_path):
+    """Arguments given as an object are rendered as JSON (they were rendered as a Python dict's repr), text parts
+    are read as text, weight 0 leaves an assistant turn untrained, and TRL's conversational prompt/completion
+    trains only the completion."""
+    renderer = _renderer(tiny_model_dir)
+    as_object = [dict(m) for m in CHAT]
+    as_object[2] = {"role": "assistant", "content": [{"type": "text", "text": "Calling."}], "tool_calls": [
+        {"function": {"name": "add", "arguments": {"a": 2, "b": True, "c": "it's"}}}]}
+    lines = [{"messages": as_object, "tools": TOOLS},
+             {"messages": [_USER, {"role": "assistant", "content": "skip me", "weight": 0}, _USER,
+                           {"role": "assistant", "content": "learn me"}]},
+             {"prompt": [{"role": "system", "content": "Be brief."}, _USER,
+                         {"role": "assistant", "content": "an earlier reply"}, _USER],
+              "completion": [{"role": "assistant", "content": "the reply"}]}]
+    path = tmp_path / "forms.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert check_file(path) == 3
+    first, second, third = load_examples(path, renderer, max_seq_length=4096)
+
+    def split(example):
+        text = renderer.tokenizer.decode
+        return (text([t for t, w in zip(example.tokens, example.weights) if w]),
+                text([t for t, w in zip(example.tokens, example.weights) if not w]))
+
+    trained, _ = split(first)
+    assert 'Calling.\n<tool_call>{"name": "add", "arguments": {"a": 2, "b": true, "c": "it\'s"}}</tool_call>' in trained
+    trained, untrained = split(second)
+    assert "learn me" in trained and "skip me" not in trained and "skip me" in untrained
+    trained, untrained = split(third)
+    assert "the reply" in trained and "an earlier reply" not in trained and "an earlier reply" in untrained
 
 
 def test_a_bad_file_is_refused_before_any_model_is_loaded(tmp_path):

@@ -101,10 +101,76 @@ def _call_bodies(text: str):
 
 
 def hermes_turn(message: dict) -> dict:
-    """An OpenAI message as the model saw it: an assistant's tool_calls written back as <tool_call> blocks."""
+    """An OpenAI message as the model saw it: its text, and an assistant's tool_calls written back as <tool_call>
+    blocks with their arguments as JSON (given as an object or as JSON text, OpenAI's form). The message is one
+    that `content_problem` and `tool_call_problem` passed."""
+    text = content_text(message.get("content"))
     calls = message.get("tool_calls") or []
     if message.get("role") != "assistant" or not calls:
-        return {"role": message["role"], "content": message.get("content") or ""}
+        return {"role": message["role"], "content": text}
     blocks = [f'<tool_call>{{"name": {json.dumps(c["function"]["name"])}, "arguments": '
-              f'{c["function"].get("arguments") or "{}"}}}</tool_call>' for c in calls]
-    return {"role": "assistant", "content": "\n".join(filter(None, [message.get("content") or "", *blocks]))}
+              f'{json.dumps(call_arguments(c))}}}</tool_call>' for c in calls]
+    return {"role": "assistant", "content": "\n".join(filter(None, [text, *blocks]))}
+
+
+def content_problem(content) -> str | None:
+    """What keeps an OpenAI message's content from being read as text (None: nothing): it may be a string,
+    null, or a list of text parts ({"type": "text", "text": "..."})."""
+    if content is None or isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        return f"content must be a string or a list of text parts, not {type(content).__name__}"
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            return f"content[{j}] must be a part such as {{\"type\": \"text\", \"text\": \"...\"}}"
+        kind = part.get("type", "text")
+        if kind != "text":
+            return f"content[{j}] is a {str(kind)[:40]!r} part; these models read text only"
+        if not isinstance(part.get("text"), str):
+            return f"content[{j}] is a text part without a string 'text'"
+    return None
+
+
+def content_text(content) -> str:
+    """The text of content that `content_problem` passed: a string, or its text parts joined."""
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content)
+    return content or ""
+
+
+def tool_call_problem(call) -> str | None:
+    """What is wrong with one OpenAI tool call, {"function": {"name": ..., "arguments": ...}} (None: nothing); the
+    arguments are an object, or JSON text of one (OpenAI sends text), or absent."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        return 'a tool call must look like {"function": {"name": "...", "arguments": "{...}"}}'
+    arguments = function.get("arguments")
+    if arguments is None or isinstance(arguments, dict):
+        return None
+    if not isinstance(arguments, str):
+        return f"the arguments of the call to {function['name'][:60]!r} must be an object or JSON text of one"
+    if len(arguments) > MAX_CALL_CHARS:
+        return f"the arguments of the call to {function['name'][:60]!r} are over {MAX_CALL_CHARS:,} characters"
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except (json.JSONDecodeError, RecursionError):
+        return f"the arguments of the call to {function['name'][:60]!r} are not valid JSON: {arguments[:80]}"
+    if not isinstance(parsed, dict):
+        return f"the arguments of the call to {function['name'][:60]!r} must be a JSON object, not {arguments[:80]}"
+    return None
+
+
+def call_arguments(call: dict) -> dict:
+    """The arguments of a call that `tool_call_problem` passed, as an object."""
+    arguments = call["function"].get("arguments")
+    if isinstance(arguments, str):
+        return json.loads(arguments) if arguments.strip() else {}
+    return arguments or {}
+
+
+def tool_name(tool) -> str | None:
+    """The name an OpenAI tool schema declares ({"type": "function", "function": {"name": ...}} or the function
+    itself), None when it declares none."""
+    function = tool.get("function", tool) if isinstance(tool, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) and name else None

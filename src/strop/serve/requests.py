@@ -77,11 +77,20 @@ def _messages(messages: Any) -> list[dict]:
     if (not isinstance(messages, list) or not messages
             or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)):
         raise RequestError("'messages' must be a non-empty list of {role, content} objects", "messages")
+    # lazy: strop.renderers pulls in torch, numpy, which importing this module does not need
+    from strop.renderers.tools import content_problem, tool_call_problem
     for i, m in enumerate(messages):
-        content = m.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            raise RequestError(f"'messages[{i}].content' must be a string or a list of content parts, not "
-                               f"{_shown(content)}", f"messages[{i}].content")
+        if (problem := content_problem(m.get("content"))) is not None:
+            raise RequestError(f"'messages[{i}]': {problem}", f"messages[{i}].content")
+        calls = m.get("tool_calls")
+        if calls is None:
+            continue
+        if not isinstance(calls, list) or m["role"] != "assistant":
+            raise RequestError(f"'messages[{i}].tool_calls' must be a list, on an assistant message",
+                               f"messages[{i}].tool_calls")
+        for j, call in enumerate(calls):
+            if (problem := tool_call_problem(call)) is not None:
+                raise RequestError(f"'messages[{i}].tool_calls[{j}]': {problem}", f"messages[{i}].tool_calls")
     return messages
 
 

@@ -5,12 +5,15 @@
 
 A line of the file is one of:
     {"messages": [{"role": "system" | "user" | "assistant" | "tool", "content": ...}, ...], "tools": [...]}
-        OpenAI's chat format: an assistant turn may carry `tool_calls`, each naming a tool the line declares in
-        `tools`; a tool result is a `tool` turn. Rendered the way strop's rollouts show the model a conversation
-        (Hermes-style: tools described in the system message, calls as <tool_call> blocks, results inside
+        OpenAI's chat format: content is a string, null or a list of text parts; an assistant turn may carry
+        `tool_calls`, each naming a tool the line declares in `tools`, its arguments an object or JSON text of
+        one; a tool result is a `tool` turn; `"weight": 0` on an assistant turn leaves it untrained (OpenAI's
+        fine-tuning field). Rendered the way strop's rollouts show the model a conversation (Hermes-style: tools
+        described in the system message, calls as <tool_call> blocks with their arguments as JSON, results inside
         <tool_response>), so what the warm start teaches is what GRPO then samples.
     {"prompt": "...", "completion": "..."}
-        a user turn and the assistant's reply.
+        a user turn and the assistant's reply; or, TRL's conversational form, two lists of messages, of which
+        only the completion's assistant turns are trained.
 
 Only the assistant's turns are trained: every token of a system, user or tool turn, and of the headers that
 open each turn, has weight 0. A file with a line that cannot be used is refused whole, every problem named by
@@ -25,7 +28,8 @@ from pathlib import Path
 
 from strop.errors import DatasetError
 from strop.files import open_regular
-from strop.renderers.tools import hermes_messages, hermes_turn
+from strop.renderers.tools import (content_problem, content_text, hermes_messages, hermes_turn, tool_call_problem,
+                                   tool_name)
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_PROBLEMS = 10  # shown of a file's problems; the count says how many more
@@ -51,6 +55,7 @@ def render_conversation(renderer, messages: list[dict], tools: list[dict] | None
     token that ends the turn), 0 on everything else. Each part is encoded on its own, so the weights fall
     exactly on the assistant's tokens."""
     shown = [hermes_turn(m) for m in messages]
+    trained = [m.get("weight", 1) for m in messages if m["role"] == "assistant"]  # OpenAI's weight 0: not trained
     if tools:
         shown = hermes_messages(shown, tools)
     tokens, weights = [], []
@@ -67,7 +72,7 @@ def render_conversation(renderer, messages: list[dict], tools: list[dict] | None
         tokens += before
         weights += [0.0] * len(before)
         tokens += after
-        weights += [1.0] * len(after)
+        weights += [float(trained.pop(0))] * len(after)
         context = ""
     if context:
         rest = renderer.encode(context)
@@ -77,49 +82,86 @@ def render_conversation(renderer, messages: list[dict], tools: list[dict] | None
 
 
 def line_problems(record, number: int) -> tuple[list[dict] | None, list[dict] | None, list[str]]:
-    """(messages, tools, problems) of one line of a supervised file."""
+    """(messages, tools, problems) of one line of a supervised file. The messages come back plain: text content,
+    and on each assistant turn its `weight` (1 unless the line says 0)."""
     where = f"line {number}"
     if not isinstance(record, dict):
         return None, None, [f"{where}: expected an object with messages (or prompt and completion)"]
     if "messages" not in record:
-        prompt, completion = record.get("prompt"), record.get("completion")
-        if not isinstance(prompt, str) or not isinstance(completion, str):
-            return None, None, [f"{where}: give either messages (a chat transcript) or prompt and completion "
-                                "(two strings)"]
-        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}], None, []
+        return _pair(record, where)
     messages, tools = record["messages"], record.get("tools")
     if not isinstance(messages, list) or not messages:
         return None, None, [f"{where}: messages must be a non-empty list of {{role, content}} objects"]
     declared = set()
     if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            return None, None, [f"{where}: tools must be a list of OpenAI function schemas"]
-        declared = {(t.get("function") or t).get("name") for t in tools}
+        names = [tool_name(t) for t in tools] if isinstance(tools, list) else [None]
+        if None in names:
+            return None, None, [f"{where}: tools must be a list of OpenAI function schemas, each with a name "
+                                '({"type": "function", "function": {"name": "...", "parameters": {...}}})']
+        declared = set(names)
     problems = []
-    for i, message in enumerate(messages):
-        at = f"{where}, messages[{i}]"
-        if not isinstance(message, dict):
-            problems.append(f"{at}: expected an object with role and content")
-            continue
-        role = message.get("role")
-        if role not in ROLES:
-            problems.append(f"{at}: unknown role {str(role)[:40]!r}; the roles are {', '.join(ROLES)}")
-            continue
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            problems.append(f"{at}: content must be a string")
-        for call in message.get("tool_calls") or []:
-            name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
-            if role != "assistant":
-                problems.append(f"{at}: only an assistant turn makes tool calls")
-            elif not isinstance(name, str):
-                problems.append(f"{at}: a tool call needs function.name")
-            elif name not in declared:
-                problems.append(f"{at}: a call to {name[:60]!r}, which the line's tools do not declare"
-                                + (f" (declared: {', '.join(sorted(map(str, declared)))})" if declared else ""))
+    plain = [_message(message, f"{where}, messages[{i}]", declared, problems) for i, message in enumerate(messages)]
     if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
         problems.append(f"{where}: no assistant turn, so nothing to learn from this transcript")
-    return messages, tools, problems
+    return (None if problems else plain), tools, problems
+
+
+def _message(message, at: str, declared: set[str], problems: list[str]) -> dict | None:
+    """One message of a transcript as a plain dict, or None with its problems appended."""
+    if not isinstance(message, dict):
+        problems.append(f"{at}: expected an object with role and content")
+        return None
+    role = message.get("role")
+    if role not in ROLES:
+        problems.append(f"{at}: unknown role {str(role)[:40]!r}; the roles are {', '.join(ROLES)}"
+                        + (" (OpenAI's developer turn is a system turn here)" if role == "developer" else ""))
+        return None
+    found = len(problems)
+    if (problem := content_problem(message.get("content"))) is not None:
+        problems.append(f"{at}: {problem}")
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        problems.append(f"{at}: tool_calls must be a list of calls")
+        calls = []
+    if calls and role != "assistant":
+        problems.append(f"{at}: only an assistant turn makes tool calls")
+    for call in (calls or []) if role == "assistant" else []:
+        if (problem := tool_call_problem(call)) is not None:
+            problems.append(f"{at}: {problem}")
+        elif (name := call["function"]["name"]) not in declared:
+            problems.append(f"{at}: a call to {name[:60]!r}, which the line's tools do not declare"
+                            + (f" (declared: {', '.join(sorted(declared))[:300]})" if declared else ""))
+    weight = message.get("weight", 1)
+    if "weight" in message and (role != "assistant" or isinstance(weight, bool) or weight not in (0, 1)):
+        problems.append(f"{at}: weight is 0 or 1 (OpenAI's: whether an assistant turn is trained), and only on an "
+                        f"assistant turn; got {str(weight)[:40]!r} on a {role} turn")
+    if len(problems) > found:
+        return None
+    plain = {"role": role, "content": content_text(message.get("content"))}
+    if calls:
+        plain["tool_calls"] = calls
+    if role == "assistant":
+        plain["weight"] = int(weight)
+    return plain
+
+
+def _pair(record: dict, where: str) -> tuple[list[dict] | None, None, list[str]]:
+    """A prompt/completion line: two strings (a user turn and the reply), or, as TRL's conversational form, two
+    lists of messages, where only the completion's assistant turns are trained."""
+    prompt, completion = record.get("prompt"), record.get("completion")
+    if isinstance(prompt, str) and isinstance(completion, str):
+        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion, "weight": 1}], None, []
+    if isinstance(prompt, list) and isinstance(completion, list) and prompt and completion:
+        problems = []
+        shown = [_message(m, f"{where}, prompt[{i}]", set(), problems) for i, m in enumerate(prompt)]
+        answer = [_message(m, f"{where}, completion[{i}]", set(), problems) for i, m in enumerate(completion)]
+        if not problems and not any(m["role"] == "assistant" for m in answer):
+            problems.append(f"{where}: the completion has no assistant turn, so nothing to learn from this line")
+        if problems:
+            return None, None, problems
+        return [{**m, "weight": 0} if m["role"] == "assistant" else m for m in shown] + answer, None, []
+    return None, None, [f"{where}: give either messages (a chat transcript) or prompt and completion (two strings, "
+                        "or two non-empty lists of messages)"]
 
 
 def _lines(path: Path):
@@ -148,7 +190,7 @@ def _refuse(path: Path, problems: list[str]) -> None:
 
 
 def _says_something(messages: list[dict]) -> bool:
-    return any(m.get("role") == "assistant" and ((m.get("content") or "").strip() or m.get("tool_calls"))
+    return any(m["role"] == "assistant" and m["weight"] and (m["content"].strip() or m.get("tool_calls"))
                for m in messages)
 
 
