@@ -255,6 +255,37 @@ def test_each_safety_layer_holds_on_its_own(env, tmp_path):
             single_select(bad)
 
 
+PRINTF_BOMBS = ["SELECT printf('%.*c', 2000000000, 'x')", "SELECT format('%.*c', 2000000000, 'x')",
+                "SELECT printf('%.2000000000c', 'x')", "SELECT printf('%' || '.1999999999' || 'c', 'x')",
+                "SELECT printf('%d %.*c', 1, '2e9', 'x')", "SELECT printf('%.*%%n%.*c', 1, 2000000000, 'x')",
+                "SELECT " + " || ".join(["printf('%.*c', 1500000000, 'x')"] * 200)]
+
+
+@pytest.mark.parametrize("query", PRINTF_BOMBS)
+def test_printf_cannot_spin_inside_one_call(env, query):
+    """SQLite's printf repeats %c's character `precision` times in one function call, out of the progress
+    handler's reach (2e9: ~11 s here, and a query holds hundreds of calls); strop's printf answers NULL at once."""
+    env.reset(env.tasks("train", 1)[0])
+    started = time.monotonic()
+    content = env.step(ToolCall("run_sql", {"query": query})).observation.content
+    assert time.monotonic() - started < 1.0
+    assert content.splitlines()[1] == "NULL"
+
+
+def test_printf_formats_as_sqlite_does(env, tmp_path):
+    """Every format a query may reasonably use gives what SQLite's own printf gives."""
+    db = ReadOnlyDatabase(env.database_path(env.tasks("train", 1)[0]), timeout=2.0)
+    plain = sqlite3.connect(":memory:")
+    calls = ["printf('%.2f%%', 12.3456)", "printf('%5d|%-5s|%,d', 42, 'ab', 1234567)", "format('%s-%s', 'a', 3)",
+             "printf('%.*c|%s', 3, 'x', 'y')", "printf('%n%.*c|%s', 3, 'x', 'y')", "printf('%.*%%.*c', 3, 4, 'x')",
+             "printf('%lld %ld %e %g %x %o %q %Q %w', 1, 2, 3.5, 0.0001, 255, 8, 'it''s', NULL, 'a\"b')",
+             "printf('%-*d|%*.*f', -4, 7, 9, 3, 3.14159)", "printf()", "printf(NULL)", "printf(3)", "printf('%s', x'41')",
+             "printf('%T%d', 1)", "printf('%!.20g', 0.1)", "length(printf('%050000d', 1))"]
+    for call in calls:
+        assert db.conn.execute(f"SELECT {call}").fetchone() == plain.execute(f"SELECT {call}").fetchone(), call
+    db.close()
+
+
 def test_row_cap_flags_truncation(tmp_path):
     env = FinanceSQLEnv(seed=0, row_cap=5, db_dir=str(tmp_path))
     try:

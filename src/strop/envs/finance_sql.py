@@ -142,6 +142,62 @@ _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_F
 _DENIED_FUNCTIONS = {"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit"}
 
 
+# SQLite's printf('%.*c', N, 'x') repeats its character N times inside one function call, where neither the
+# progress handler (between VM instructions) nor the length limit (it keeps looping once over it) stops it: SQLite
+# 3.40 took 5.3 s for N = 1e9, and a 20,000-character query holds hundreds of such calls. So printf and its alias
+# format are replaced by a function that refuses (NULL, as SQLite's own printf answers a result too big) any width
+# or precision over the length limit, then formats with SQLite's printf on a connection of its own.
+VALUE_BYTES = 100_000  # SQLITE_LIMIT_LENGTH: no value longer; a width or precision past it could only overflow
+# a conversion: flags, width (digits or *), precision, length modifier, type (SQLite's printf grammar)
+_PRINTF_SPEC = re.compile(r"%[-+ #0,!]*(\*|\d+)?(?:\.(\*|\d*))?(?:ll|l)?(.)", re.S)
+_LEADING_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|inf(?:inity)?)", re.I)
+
+
+def _magnitude(value) -> float:
+    """How large a number SQLite could read from a printf argument (text and blobs by their leading number); more
+    than it reads, never less."""
+    if isinstance(value, (int, float)):
+        return abs(float(value)) if not (isinstance(value, float) and math.isnan(value)) else 0.0
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    match = _LEADING_NUMBER.match(value) if isinstance(value, str) else None
+    return abs(float(match.group(1))) if match else 0.0
+
+
+def printf_fields_fit(fmt, args: tuple) -> bool:
+    """Whether every width and precision of a printf format (digits, or * taken from `args` in SQLite's order)
+    is at most VALUE_BYTES."""
+    if not isinstance(fmt, (str, bytes)):
+        return True
+    fmt = fmt.decode("utf-8", "replace") if isinstance(fmt, bytes) else fmt
+    used = 0
+    for spec in _PRINTF_SPEC.finditer(fmt):
+        for field in (spec.group(1), spec.group(2)):
+            if field == "*":
+                if used < len(args) and _magnitude(args[used]) > VALUE_BYTES:
+                    return False
+                used += 1
+            elif field and field != "*" and (len(field) > 9 or int(field) > VALUE_BYTES):
+                return False
+        if spec.group(3) not in "%n":  # every other conversion reads an argument
+            used += 1
+    return True
+
+
+class _BoundedPrintf:
+    """printf/format for a connection: SQLite's own formatting, on a private in-memory connection, once the widths
+    and precisions are known to fit."""
+
+    def __init__(self):
+        self.conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, VALUE_BYTES)
+
+    def __call__(self, *args):
+        if not args or not printf_fields_fit(args[0], args[1:]):
+            return None
+        return self.conn.execute(f"SELECT printf({', '.join('?' * len(args))})", args).fetchone()[0]
+
+
 def _authorize(action: int, arg1, arg2, db_name, trigger) -> int:
     # everything not needed to read is denied: writes, schema changes, ATTACH/DETACH, PRAGMA, transactions
     if action == sqlite3.SQLITE_FUNCTION:
@@ -208,9 +264,12 @@ class ReadOnlyDatabase:
         self.conn.execute("PRAGMA query_only = ON")  # before the authorizer, which denies every PRAGMA
         # a value's length and a result's columns are SQLite's to bound: a single row of 2,000 randomblob(1e6)
         # columns would otherwise be 2 GB before Python sees it
-        for limit, value in ((sqlite3.SQLITE_LIMIT_ATTACHED, 0), (sqlite3.SQLITE_LIMIT_LENGTH, 100_000),
+        for limit, value in ((sqlite3.SQLITE_LIMIT_ATTACHED, 0), (sqlite3.SQLITE_LIMIT_LENGTH, VALUE_BYTES),
                              (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 20_000), (sqlite3.SQLITE_LIMIT_COLUMN, 64)):
             self.conn.setlimit(limit, value)
+        self._printf = _BoundedPrintf()
+        for name in ("printf", "format"):
+            self.conn.create_function(name, -1, self._printf, deterministic=True)
         self.conn.set_authorizer(_authorize)
         self.conn.set_progress_handler(self._progress, 1000)
         self._deadline: float | None = None
@@ -251,6 +310,7 @@ class ReadOnlyDatabase:
 
     def close(self) -> None:
         self.conn.close()
+        self._printf.conn.close()
 
 
 def _cell(value: Any) -> str:
