@@ -142,11 +142,14 @@ _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_F
 _DENIED_FUNCTIONS = {"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit"}
 
 
-# SQLite's printf('%.*c', N, 'x') repeats its character N times inside one function call, where neither the
-# progress handler (between VM instructions) nor the length limit (it keeps looping once over it) stops it: SQLite
-# 3.40 took 5.3 s for N = 1e9, and a 20,000-character query holds hundreds of such calls. So printf and its alias
-# format are replaced by a function that refuses (NULL, as SQLite's own printf answers a result too big) any width
-# or precision over the length limit, then formats with SQLite's printf on a connection of its own.
+# Two of SQLite's functions can spin inside one call, where the progress handler (it runs between VM
+# instructions) cannot stop them and the length limit does not bound them; a 20,000-character query holds hundreds of
+# calls, so one run_sql could hold an environment (or an OpenEnv server) for minutes to hours. SQLite 3.40, here:
+# - printf('%.*c', N, 'x') repeats its character N times even past the length limit: 5.3 s for N = 1e9;
+# - trim/ltrim/rtrim(X, Y) compare each character of X with each of Y: 2.5 s for 99,000 x 8,000.
+# So printf (and its alias format) refuses, with NULL as SQLite's printf answers a result too big, any width or
+# precision past the length limit, then formats with SQLite's own printf on a private connection; and the trims
+# are strop's, linear in X, where X and Y are text (SQLite's own for the rest, unless it would be slow: NULL).
 VALUE_BYTES = 100_000  # SQLITE_LIMIT_LENGTH: no value longer; a width or precision past it could only overflow
 # a conversion: flags, width (digits or *), precision, length modifier, type (SQLite's printf grammar)
 _PRINTF_SPEC = re.compile(r"%[-+ #0,!]*(\*|\d+)?(?:\.(\*|\d*))?(?:ll|l)?(.)", re.S)
@@ -184,18 +187,48 @@ def printf_fields_fit(fmt, args: tuple) -> bool:
     return True
 
 
-class _BoundedPrintf:
-    """printf/format for a connection: SQLite's own formatting, on a private in-memory connection, once the widths
-    and precisions are known to fit."""
+class _BoundedFunctions:
+    """printf, format and the trims for a connection (see above): SQLite's results, in bounded time."""
+
+    TRIMS = {"trim": (True, True), "ltrim": (True, False), "rtrim": (False, True)}  # (from the left, the right)
+    # SQLite's own trim on what is not text on both sides (numbers, blobs), where it stays cheap
+    SLOW_TRIM = 10_000_000  # characters of X times characters of Y: ~25 ms
 
     def __init__(self):
         self.conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, VALUE_BYTES)
 
-    def __call__(self, *args):
+    def install(self, conn: sqlite3.Connection) -> None:
+        for name in ("printf", "format"):
+            conn.create_function(name, -1, self.printf, deterministic=True)
+        for name, strip in self.TRIMS.items():
+            conn.create_function(name, 1, lambda x, name=name: self.trim(name, x, " "), deterministic=True)
+            conn.create_function(name, 2, lambda x, y, name=name: self.trim(name, x, y), deterministic=True)
+
+    def printf(self, *args):
         if not args or not printf_fields_fit(args[0], args[1:]):
             return None
-        return self.conn.execute(f"SELECT printf({', '.join('?' * len(args))})", args).fetchone()[0]
+        return self._sqlite("printf", args)
+
+    def trim(self, name: str, text, characters):
+        """A set lookup per removed character (Python's str.strip also compares with each of Y's: 0.5 s for
+        99,000 x 8,000 four-byte characters)."""
+        if isinstance(text, str) and isinstance(characters, str):
+            left, right = self.TRIMS[name]
+            strip, start, end = set(characters), 0, len(text)
+            while left and start < end and text[start] in strip:
+                start += 1
+            while right and end > start and text[end - 1] in strip:
+                end -= 1
+            return text[start:end]
+        sizes = [len(v) if isinstance(v, (str, bytes)) else 32 for v in (text, characters)]
+        return self._sqlite(name, (text, characters)) if sizes[0] * sizes[1] <= self.SLOW_TRIM else None
+
+    def _sqlite(self, name: str, args: tuple):
+        return self.conn.execute(f"SELECT {name}({', '.join('?' * len(args))})", args).fetchone()[0]
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def _authorize(action: int, arg1, arg2, db_name, trigger) -> int:
@@ -267,9 +300,8 @@ class ReadOnlyDatabase:
         for limit, value in ((sqlite3.SQLITE_LIMIT_ATTACHED, 0), (sqlite3.SQLITE_LIMIT_LENGTH, VALUE_BYTES),
                              (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 20_000), (sqlite3.SQLITE_LIMIT_COLUMN, 64)):
             self.conn.setlimit(limit, value)
-        self._printf = _BoundedPrintf()
-        for name in ("printf", "format"):
-            self.conn.create_function(name, -1, self._printf, deterministic=True)
+        self._functions = _BoundedFunctions()
+        self._functions.install(self.conn)
         self.conn.set_authorizer(_authorize)
         self.conn.set_progress_handler(self._progress, 1000)
         self._deadline: float | None = None
@@ -310,7 +342,7 @@ class ReadOnlyDatabase:
 
     def close(self) -> None:
         self.conn.close()
-        self._printf.conn.close()
+        self._functions.close()
 
 
 def _cell(value: Any) -> str:
