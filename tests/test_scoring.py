@@ -138,6 +138,7 @@ def test_builtin_graders():
 def make_bundle(root: Path, files: dict[str, str]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(textwrap.dedent(text), encoding="utf-8")
     return root
 
@@ -174,6 +175,29 @@ def test_bundles_with_same_sibling_names_do_not_collide(tmp_path):
     b = make_bundle(tmp_path / "b", {"helpers.py": "VALUE = 0.25\n", "reward.py": reward})
     assert call(load_grader(str(a))) == 1.0
     assert call(load_grader(str(b))) == 0.25
+
+
+def test_a_bundle_imports_its_neighbours_relatively_in_packages_too(tmp_path):
+    """The layouts reward code comes in: a package with relative imports (verl's graders live in one), a top-level
+    module importing a neighbour relatively, the folder's own __init__.py, and an import made inside the function."""
+    root = make_bundle(tmp_path / "scoring", {
+        "__init__.py": "SCALE = 0.5\n",
+        "util.py": "def same(a, b):\n    return a.strip() == b.strip()\n",
+        "reward.py": "from . import SCALE\nfrom .util import same\n"
+                     "def compute_score(solution_str=None, ground_truth=None, **kw):\n"
+                     "    return SCALE * same(solution_str, ground_truth)\n",
+        "pkg/__init__.py": "",
+        "pkg/helpers.py": "def last(s):\n    return (s or '').split()[-1]\n",
+        "pkg/grade.py": "from .helpers import last\nfrom ..util import same\n"
+                        "def compute_score(solution_str=None, ground_truth=None, **kw):\n"
+                        "    from .late import BONUS\n"
+                        "    return float(same(last(solution_str), ground_truth)) + BONUS\n",
+        "pkg/late.py": "BONUS = 0.25\n",
+    })
+    assert call(load_grader(f"{root}#reward"), "yes", "yes") == 0.5
+    grade = load_grader(f"{root}#pkg.grade")
+    assert call(grade, "it is yes") == 1.25 and call(grade, "it is no") == 0.25
+    assert "pkg" not in sys.modules and "util" not in sys.modules
 
 
 def test_bundle_sibling_wins_over_an_already_imported_module(tmp_path, monkeypatch):

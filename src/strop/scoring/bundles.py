@@ -13,10 +13,11 @@ that returns a number (usually 0.0 to 1.0). References:
     >>> grade = load_grader("./scoring#reward:compute_score")
     >>> grade(data_source=None, solution_str="#### 4", ground_truth="4", extra_info={})
 
-A bundle's module is imported from its directory under a private module name, with the directory on `sys.path`
-while it imports, so it can import sibling files (`from helpers import parse`). Those siblings are then dropped
-from `sys.modules` so two bundles that both have a `helpers.py` do not see each other's; import them at module
-top level, not inside the function.
+A bundle's directory is imported as a package of a private name and its module as a member of it, so modules
+import their neighbours relatively (`from .helpers import parse`, also inside a subpackage: `#pkg.reward`); the
+directory is also on `sys.path` while it imports, so plain `from helpers import parse` works too. Siblings imported
+that second way are then dropped from `sys.modules` so two bundles that both have a `helpers.py` do not see each
+other's; import them at module top level, not inside the function.
 
 `strop.scoring.checks` runs the same checks inside the grader sandbox, so a service can vet an uploaded bundle
 without importing it into its own process.
@@ -24,6 +25,8 @@ without importing it into its own process.
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -173,20 +176,22 @@ def signature_problem(fn: Callable) -> str | None:
 
 
 def _import(file: Path, root: Path, where: str):
-    unique = f"strop_bundle_{next(_counter)}_{file.stem}"
-    spec = importlib.util.spec_from_file_location(unique, file)
-    if spec is None or spec.loader is None:
-        raise BundleError(f"cannot import {file} (in {where!r}): it is not a loadable Python file.")
-    mod = importlib.util.module_from_spec(spec)
+    """The module in `file`, imported as a member of the bundle's folder made a package of a private name
+    (strop_bundle_N), so a module can import its neighbours relatively too (`from .helpers import x`, in a
+    subpackage or at the top); the folder is first on sys.path while it imports, for `from helpers import x`.
+    The private package and its members stay in sys.modules (for pickling, and imports made inside a function);
+    the folder's modules imported by their own names are dropped, so two bundles' `helpers` never meet."""
+    base = f"strop_bundle_{next(_counter)}"
+    name = ".".join((base, *file.relative_to(root).with_suffix("").parts))
     hidden = _hide_shadowed(root)
     before = set(sys.modules)
-    # Registered first so dataclasses and pickling inside the module can find it by name.
-    sys.modules[unique] = mod
     sys.path.insert(0, str(root))
     try:
-        spec.loader.exec_module(mod)
+        _bundle_package(base, root)
+        mod = importlib.import_module(name)
     except (Exception, SystemExit) as e:
-        sys.modules.pop(unique, None)
+        for member in [n for n in sys.modules if n == base or n.startswith(base + ".")]:
+            del sys.modules[member]
         lines = traceback.format_exception(type(e), e, e.__traceback__)
         tail = "".join(lines).rstrip().splitlines()[-TRACEBACK_LINES:]
         raise BundleError(f"importing {file} (in {where!r}) failed: fix the error below and try again.\n  "
@@ -196,11 +201,25 @@ def _import(file: Path, root: Path, where: str):
             sys.path.remove(str(root))
         except ValueError:
             pass
-        for name in set(sys.modules) - before - {unique}:
-            if _inside(sys.modules[name], root):
-                del sys.modules[name]
+        for other in set(sys.modules) - before:
+            if not other.startswith(base + ".") and other != base and _inside(sys.modules[other], root):
+                del sys.modules[other]
         sys.modules.update(hidden)
     return mod
+
+
+def _bundle_package(base: str, root: Path) -> None:
+    """Register the bundle's folder as package `base` (running its __init__.py where it has one)."""
+    init = root / "__init__.py"
+    if init.is_file():
+        spec = importlib.util.spec_from_file_location(base, init, submodule_search_locations=[str(root)])
+    else:
+        spec = importlib.machinery.ModuleSpec(base, None, is_package=True)
+        spec.submodule_search_locations = [str(root)]
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[base] = package
+    if init.is_file():
+        spec.loader.exec_module(package)
 
 
 def _inside(module, root: Path) -> bool:
