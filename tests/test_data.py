@@ -163,6 +163,48 @@ def test_jsonl_json_and_parquet_load_alike(tmp_path):
         assert load_rows(str(path), limit=1) == expected[:1]
 
 
+VERL_ROWS = [{"data_source": "openai/gsm8k", "ability": "math",
+              "prompt": [{"role": "user", "content": f"What is {i} + 1? Answer after ####."}],
+              "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+              "extra_info": {"split": "train", "index": i}} for i in range(3)]
+VERL_ROWS[1]["prompt"] = [{"role": "system", "content": "Be terse."}, *VERL_ROWS[1]["prompt"]]
+VERL_ROWS[2]["reward_model"]["ground_truth"] = 3          # a number is read as its text
+
+
+def test_rows_in_verls_form_load_from_jsonl_and_parquet(tmp_path):
+    """verl's datasets (its gsm8k preprocessing writes parquet rows like these) train and evaluate as they are: the
+    prompt's messages are the conversation, the ground truth the answer, data_source and extra_info kept."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    parquet = tmp_path / "verl.parquet"
+    as_text = [{**r, "reward_model": {**r["reward_model"], "ground_truth": str(r["reward_model"]["ground_truth"])}}
+               for r in VERL_ROWS]                  # a parquet column holds one type
+    pq.write_table(pa.Table.from_pylist(as_text), parquet)
+    from strop.data.row import grader_context
+    for path in (write_jsonl(tmp_path / "verl.jsonl", VERL_ROWS), parquet):
+        rows = load_rows(str(path))
+        assert [r.gold for r in rows] == ["1", "2", "3"] and rows[0].question == "What is 0 + 1? Answer after ####."
+        assert rows[1].conversation() == VERL_ROWS[1]["prompt"]
+        assert rows[1].conversation("Think.", "!") == [{"role": "system", "content": "Think."},
+                                                       {"role": "user", "content": "What is 1 + 1? Answer after ####.!"}]
+        source, info = grader_context(rows[0])
+        assert source == "openai/gsm8k" and info["split"] == "train" and info["index"] == 0
+        assert info["question"] == rows[0].question and "prompt" not in rows[0].extra
+
+
+@pytest.mark.parametrize("row, says", [
+    ({"prompt": [{"role": "tool", "content": "x"}], "reward_model": {"ground_truth": "1"}}, "prompt[0] must be"),
+    ({"prompt": "hi", "reward_model": {"ground_truth": [1]}}, "ground_truth is a list"),
+    ({"prompt": [{"role": "user", "content": "x"}], "reward_model": {}}, "ground_truth is null"),
+    ({"prompt": [{"role": "system", "content": "x"}], "reward_model": {"ground_truth": "1"}}, "no user message"),
+    ({"prompt": {"role": "user"}, "reward_model": {"ground_truth": "1"}}, "needs a list of chat messages"),
+])
+def test_a_bad_row_in_verls_form_names_its_line(tmp_path, row, says):
+    with pytest.raises(DatasetError, match="line 2") as caught:
+        load_rows(str(write_jsonl(tmp_path / "d.jsonl", [VERL_ROWS[0], row])))
+    assert says in str(caught.value)
+
+
 def test_blank_lines_and_bom_are_fine(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps(ROWS[0]).encode() + b"\n\n   \n" + json.dumps(ROWS[1]).encode())

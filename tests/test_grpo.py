@@ -77,6 +77,32 @@ def test_grpo_run_writes_everything_and_changes_the_adapter(tiny_model_dir, vari
     assert lora_b and any(p.abs().sum() > 0 for p in lora_b)  # LoRA B starts at zero: training moved it
 
 
+def test_verl_rows_and_a_verl_grader_train_and_evaluate_as_they_are(tiny_model_dir, tmp_path):
+    """A verl user's data and reward function, unchanged: rows in verl's form, and a grader that dispatches on
+    data_source and reads extra_info as verl's reward manager passes them (before, data_source was always None)."""
+    from strop.evals.runner import evaluate_local
+    from strop.data import load_rows
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "system", "content": "Be terse."},
+                                                       {"role": "user", "content": f"What is {i} + 1?"}],
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}, "extra_info": {"index": i}}
+            for i in range(4)]
+    data = tmp_path / "verl.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bundle = write_bundle(tmp_path / "verl_reward", (
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if data_source != 'openai/gsm8k' or not isinstance(extra_info['index'], int):\n"
+        "        raise NotImplementedError(f'reward for {data_source!r} is not implemented')\n"
+        "    return (len(solution_str) % 5) / 5.0\n"))
+    config = tiny_config(tiny_model_dir, bundle, dataset=str(data), max_steps=1, batch_size=2,
+                         reward_terms=[{"name": "verl", "weight": 1.0, "grader": str(bundle)}])
+    [row] = run_grpo(config, tmp_path / "run", progress=False).metrics
+    assert row["rewardErrors"] == 0 and row["datums"] > 0
+    rollout = read_jsonl(tmp_path / "run" / "rollouts.jsonl")[0]
+    assert "Be terse." in rollout["prompt"] and rollout["question"] in rollout["prompt"]
+    result = evaluate_local(str(tiny_model_dir), load_rows(str(data)), str(bundle), max_tokens=4, progress=False)
+    assert not [i.error for i in result.items if i.error]
+
+
 def test_zero_variance_groups_are_skipped(tiny_model_dir, tmp_path):
     constant = write_bundle(tmp_path / "constant", "def compute_score(**kw):\n    return 0.25\n")
     config = tiny_config(tiny_model_dir, constant, max_steps=2,

@@ -6,7 +6,8 @@ the source in `extra`. `load_rows` reads one of
     synthetic            generated arithmetic, level 'add' (see `strop.data.synthetic.LEVELS`)
     synthetic:LEVEL      generated problems of that level, e.g. 'synthetic:word-2'
     gsm8k | openai/gsm8k GSM8K from the Hugging Face hub (cached after the first download)
-    PATH                 a local .jsonl (one object per line), .json (a list of objects) or .parquet file
+    PATH                 a local .jsonl (one object per line), .json (a list of objects) or .parquet file,
+                         of question/answer rows or of verl's rows (data_source, prompt, reward_model, extra_info)
 
     >>> from strop.data import load_rows
     >>> rows = load_rows("synthetic:mul", limit=3, seed=1)
@@ -240,6 +241,13 @@ def _rows_from_records(records: Iterable[tuple[str, Any]], columns: dict[str, st
             errors.append(f"{location}: expected a JSON object with 'question' and 'answer', "
                           f"got {_kind(record)}")
             continue
+        if "reward_model" in record and columns["question"] not in record:  # verl's row: prompt, reward_model
+            row, problem = _verl_row(record, location)
+            if problem:
+                errors.append(problem)
+            else:
+                rows.append(row)
+            continue
         values, ok = {}, True
         for name, column in columns.items():
             shown = repr(column) if column == name else f"{column!r} (mapped to {name})"
@@ -259,11 +267,49 @@ def _rows_from_records(records: Iterable[tuple[str, Any]], columns: dict[str, st
             rows.append(Row(question=values["question"], answer=values["answer"], extra=extra))
     if errors:
         raise DatasetError(_summary(where, errors, "Every row needs string fields 'question' and 'answer' (the "
-                                    "answer ending in '#### N'); if your columns have other names, pass a "
+                                    "answer ending in '#### N'), or is a row in verl's form (prompt, "
+                                    "reward_model.ground_truth); if your columns have other names, pass a "
                                     "field mapping such as fields={'question': 'problem', 'answer': 'solution'}."))
     if not rows:
         raise DatasetError(f"dataset {where} has no rows: it needs at least one row with 'question' and 'answer'.")
     return rows
+
+
+VERL_ROLES = ("system", "user", "assistant")
+
+
+def _verl_row(record: dict, location: str) -> tuple[Row | None, str | None]:
+    """A row in verl's form ({"data_source", "prompt": [chat messages], "reward_model": {"ground_truth": ...},
+    "extra_info": {...}}): the prompt's messages as the row's conversation, its last user turn as the question,
+    the ground truth as the answer; the other fields stay in `extra` (graders get data_source and extra_info as verl
+    passes them). (Row, None), or (None, the problem)."""
+    truth = record["reward_model"].get("ground_truth") if isinstance(record["reward_model"], dict) else None
+    if isinstance(truth, (int, float)) and not isinstance(truth, bool):
+        truth = str(truth)
+    if not isinstance(truth, str):
+        return None, (f"{location}: reward_model.ground_truth is {_kind(truth)}; a row in verl's form needs it as a "
+                      "string (or a number): the answer a grader compares with")
+    prompt = record.get("prompt")
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, list) or not prompt:
+        return None, f"{location}: prompt is {_kind(prompt)}; a row in verl's form needs a list of chat messages"
+    messages = []
+    for i, message in enumerate(prompt):
+        role = message.get("role") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type", "text") == "text"
+                                             and isinstance(p.get("text"), str) for p in content):
+            content = "".join(p["text"] for p in content)
+        if role not in VERL_ROLES or not isinstance(content, str):
+            return None, (f"{location}: prompt[{i}] must be {{\"role\": {' | '.join(map(repr, VERL_ROLES))}, "
+                          f"\"content\": text}}")
+        messages.append({"role": role, "content": content})
+    users = [m for m in messages if m["role"] == "user"]
+    if not users:
+        return None, f"{location}: prompt has no user message, so there is no question to ask"
+    extra = {k: v for k, v in record.items() if k != "prompt"}
+    return Row(question=users[-1]["content"], answer=truth, extra=extra, messages=tuple(messages)), None
 
 
 def _kind(value: Any) -> str:

@@ -88,8 +88,7 @@ def _evaluate(client, ref, rows, grader, *, max_tokens, temperature, system_prom
 
     def one(index_row):
         index, row = index_row
-        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        messages.append({"role": "user", "content": row.question})
+        messages = row.conversation(system_prompt)
         started = time.perf_counter()
         try:
             reply = client.chat.completions.create(model=ref.model, messages=messages, max_tokens=max_tokens,

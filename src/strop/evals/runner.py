@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import strop
 from strop import model_info, types
+from strop.data.row import grader_context
 from strop.renderers import get_renderer, get_text_content
 from strop.scoring.gsm8k import extract_answer
 from strop.scoring.sandbox import grader_for
@@ -60,8 +61,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def _score(grader, response: str, row) -> tuple[float, str | None]:
     try:
-        value = grader(data_source=None, solution_str=response, ground_truth=row.answer,
-                       extra_info={"question": row.question, **row.extra})
+        data_source, extra_info = grader_context(row)
+        value = grader(data_source=data_source, solution_str=response, ground_truth=row.answer, extra_info=extra_info)
         value = float(value)
         if not math.isfinite(value):
             return 0.0, f"grader returned {value}"
@@ -99,8 +100,7 @@ def _evaluate(sampler, renderer, rows, grader, *, max_tokens, samples, temperatu
         t0 = time.perf_counter()
         futures = []
         for row in chunk:
-            messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-            messages.append({"role": "user", "content": row.question})
+            messages = row.conversation(system_prompt)
             futures.append(sampler.sample(prompt=renderer.build_generation_prompt(messages), num_samples=samples,
                                           sampling_params=params))
         responses = [f.result() for f in futures]

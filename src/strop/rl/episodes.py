@@ -36,10 +36,9 @@ NO_CALL = ("No tool call found. Call a tool as <tool_call>{\"name\": ..., \"argu
 
 
 def problem_messages(row: Row, system_prompt: str | None = None, question_suffix: str = "") -> list[dict]:
-    """The conversation a dataset row starts: the system prompt, if any, then the question."""
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": row.question + question_suffix})
-    return messages
+    """The conversation a dataset row starts: the system prompt, if any, then the question (or the row's own
+    messages, `Row.conversation`)."""
+    return row.conversation(system_prompt, question_suffix)
 
 
 class ProblemEpisode:

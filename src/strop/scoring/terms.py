@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from strop.data.row import grader_context
 from strop.errors import StropError
 from strop.scoring.bundles import DEFAULT_FUNCTION, DEFAULT_MODULE, load_grader, split_ref
 
@@ -57,15 +58,15 @@ class TermScores:
 
 def score_terms(terms: list[RewardTerm], completion: str, row: Any, *, data_source: str | None = None) -> TermScores:
     """Score `completion` for `row` (anything with `question`, `answer` and `extra`) with every term."""
-    extra = dict(getattr(row, "extra", None) or {})
+    own_source, extra = grader_context(row)
+    data_source = data_source if data_source is not None else own_source
     ground_truth = getattr(row, "answer", None)
-    question = getattr(row, "question", None)
     scores: dict[str, float] = {}
     errors: list[str] = []
     total = 0.0
     for term in terms:
         # Each grader gets its own copy, so one that mutates extra_info cannot change what the next one sees.
-        info = {**extra, "question": question}
+        info = dict(extra)
         try:
             raw = term.fn(data_source=data_source, solution_str=completion, ground_truth=ground_truth, extra_info=info)
         except Exception as e:
