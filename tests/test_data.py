@@ -192,12 +192,23 @@ def test_rows_in_verls_form_load_from_jsonl_and_parquet(tmp_path):
         assert info["question"] == rows[0].question and "prompt" not in rows[0].extra
 
 
+def test_rows_in_trls_form_load(tmp_path):
+    """TRL's GRPO datasets name the question `prompt` (text, or chat messages) beside the answer column."""
+    rows = load_rows(str(write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": "What is 1 + 1?", "answer": "#### 2"},
+        {"prompt": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is 2 + 2?"}],
+         "answer": 4, "level": "easy"}])))
+    assert [(r.question, r.gold) for r in rows] == [("What is 1 + 1?", "2"), ("What is 2 + 2?", "4")]
+    assert rows[1].conversation()[0] == {"role": "system", "content": "Be terse."} and rows[1].extra == {"level": "easy"}
+
+
 @pytest.mark.parametrize("row, says", [
     ({"prompt": [{"role": "tool", "content": "x"}], "reward_model": {"ground_truth": "1"}}, "prompt[0] must be"),
     ({"prompt": "hi", "reward_model": {"ground_truth": [1]}}, "ground_truth is a list"),
     ({"prompt": [{"role": "user", "content": "x"}], "reward_model": {}}, "ground_truth is null"),
     ({"prompt": [{"role": "system", "content": "x"}], "reward_model": {"ground_truth": "1"}}, "no user message"),
-    ({"prompt": {"role": "user"}, "reward_model": {"ground_truth": "1"}}, "needs a list of chat messages"),
+    ({"prompt": {"role": "user"}, "reward_model": {"ground_truth": "1"}}, "as text or as a list of chat messages"),
+    ({"prompt": "What is 1 + 1?"}, "answer is null"),
 ])
 def test_a_bad_row_in_verls_form_names_its_line(tmp_path, row, says):
     with pytest.raises(DatasetError, match="line 2") as caught:

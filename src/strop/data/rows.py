@@ -7,7 +7,8 @@ the source in `extra`. `load_rows` reads one of
     synthetic:LEVEL      generated problems of that level, e.g. 'synthetic:word-2'
     gsm8k | openai/gsm8k GSM8K from the Hugging Face hub (cached after the first download)
     PATH                 a local .jsonl (one object per line), .json (a list of objects) or .parquet file,
-                         of question/answer rows or of verl's rows (data_source, prompt, reward_model, extra_info)
+                         of question/answer rows, or of rows that bring their prompt (text or chat messages):
+                         verl's (data_source, prompt, reward_model, extra_info) or TRL's (prompt, answer)
 
     >>> from strop.data import load_rows
     >>> rows = load_rows("synthetic:mul", limit=3, seed=1)
@@ -241,8 +242,8 @@ def _rows_from_records(records: Iterable[tuple[str, Any]], columns: dict[str, st
             errors.append(f"{location}: expected a JSON object with 'question' and 'answer', "
                           f"got {_kind(record)}")
             continue
-        if "reward_model" in record and columns["question"] not in record:  # verl's row: prompt, reward_model
-            row, problem = _verl_row(record, location)
+        if columns["question"] not in record and "prompt" in record:  # verl's or TRL's row: prompt messages
+            row, problem = _prompt_row(record, location, columns["answer"])
             if problem:
                 errors.append(problem)
             else:
@@ -267,8 +268,8 @@ def _rows_from_records(records: Iterable[tuple[str, Any]], columns: dict[str, st
             rows.append(Row(question=values["question"], answer=values["answer"], extra=extra))
     if errors:
         raise DatasetError(_summary(where, errors, "Every row needs string fields 'question' and 'answer' (the "
-                                    "answer ending in '#### N'), or is a row in verl's form (prompt, "
-                                    "reward_model.ground_truth); if your columns have other names, pass a "
+                                    "answer ending in '#### N'), or a prompt (text or chat messages) and "
+                                    "'answer' or verl's reward_model.ground_truth; if your columns have other names, pass a "
                                     "field mapping such as fields={'question': 'problem', 'answer': 'solution'}."))
     if not rows:
         raise DatasetError(f"dataset {where} has no rows: it needs at least one row with 'question' and 'answer'.")
@@ -278,22 +279,27 @@ def _rows_from_records(records: Iterable[tuple[str, Any]], columns: dict[str, st
 VERL_ROLES = ("system", "user", "assistant")
 
 
-def _verl_row(record: dict, location: str) -> tuple[Row | None, str | None]:
-    """A row in verl's form ({"data_source", "prompt": [chat messages], "reward_model": {"ground_truth": ...},
-    "extra_info": {...}}): the prompt's messages as the row's conversation, its last user turn as the question,
-    the ground truth as the answer; the other fields stay in `extra` (graders get data_source and extra_info as verl
+def _prompt_row(record: dict, location: str, answer: str) -> tuple[Row | None, str | None]:
+    """A row that brings its prompt: verl's form ({"data_source", "prompt": [chat messages], "reward_model":
+    {"ground_truth": ...}, "extra_info": {...}}) or TRL's (a "prompt", as text or messages, beside the answer
+    column): the prompt's messages as the row's conversation, its last user turn as the question, the ground truth
+    (or the answer) as the answer; the other fields stay in `extra` (graders get data_source and extra_info as verl
     passes them). (Row, None), or (None, the problem)."""
-    truth = record["reward_model"].get("ground_truth") if isinstance(record["reward_model"], dict) else None
+    if "reward_model" in record:
+        where = "reward_model.ground_truth"
+        truth = record["reward_model"].get("ground_truth") if isinstance(record["reward_model"], dict) else None
+    else:
+        where, truth = answer, record.get(answer)
     if isinstance(truth, (int, float)) and not isinstance(truth, bool):
         truth = str(truth)
     if not isinstance(truth, str):
-        return None, (f"{location}: reward_model.ground_truth is {_kind(truth)}; a row in verl's form needs it as a "
-                      "string (or a number): the answer a grader compares with")
+        return None, (f"{location}: {where} is {_kind(truth)}; a row with a prompt needs it as a string (or a "
+                      "number): the answer a grader compares with")
     prompt = record.get("prompt")
     if isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
     if not isinstance(prompt, list) or not prompt:
-        return None, f"{location}: prompt is {_kind(prompt)}; a row in verl's form needs a list of chat messages"
+        return None, f"{location}: prompt is {_kind(prompt)}; give the question as text or as a list of chat messages"
     messages = []
     for i, message in enumerate(prompt):
         role = message.get("role") if isinstance(message, dict) else None
@@ -308,7 +314,7 @@ def _verl_row(record: dict, location: str) -> tuple[Row | None, str | None]:
     users = [m for m in messages if m["role"] == "user"]
     if not users:
         return None, f"{location}: prompt has no user message, so there is no question to ask"
-    extra = {k: v for k, v in record.items() if k != "prompt"}
+    extra = {k: v for k, v in record.items() if k not in ("prompt", answer if where == answer else "prompt")}
     return Row(question=users[-1]["content"], answer=truth, extra=extra, messages=tuple(messages)), None
 
 
