@@ -185,8 +185,9 @@ def test_rows_in_verls_form_load_from_jsonl_and_parquet(tmp_path):
         rows = load_rows(str(path))
         assert [r.gold for r in rows] == ["1", "2", "3"] and rows[0].question == "What is 0 + 1? Answer after ####."
         assert rows[1].conversation() == VERL_ROWS[1]["prompt"]
-        assert rows[1].conversation("Think.", "!") == [{"role": "system", "content": "Think."},
-                                                       {"role": "user", "content": "What is 1 + 1? Answer after ####.!"}]
+        asked = [{"role": "system", "content": "Think."},
+                 {"role": "user", "content": "What is 1 + 1? Answer after ####.!"}]
+        assert rows[1].conversation("Think.", "!") == asked
         source, info = grader_context(rows[0])
         assert source == "openai/gsm8k" and info["split"] == "train" and info["index"] == 0
         assert info["question"] == rows[0].question and "prompt" not in rows[0].extra
@@ -199,7 +200,8 @@ def test_rows_in_trls_form_load(tmp_path):
         {"prompt": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is 2 + 2?"}],
          "answer": 4, "level": "easy"}])))
     assert [(r.question, r.gold) for r in rows] == [("What is 1 + 1?", "2"), ("What is 2 + 2?", "4")]
-    assert rows[1].conversation()[0] == {"role": "system", "content": "Be terse."} and rows[1].extra == {"level": "easy"}
+    assert rows[1].conversation()[0] == {"role": "system", "content": "Be terse."}
+    assert rows[1].extra == {"level": "easy"}
 
 
 @pytest.mark.parametrize("row, says", [

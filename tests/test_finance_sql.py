@@ -286,10 +286,12 @@ def test_printf_and_trims_give_what_sqlite_gives(env, tmp_path):
     calls = ["printf('%.2f%%', 12.3456)", "printf('%5d|%-5s|%,d', 42, 'ab', 1234567)", "format('%s-%s', 'a', 3)",
              "printf('%.*c|%s', 3, 'x', 'y')", "printf('%n%.*c|%s', 3, 'x', 'y')", "printf('%.*%%.*c', 3, 4, 'x')",
              "printf('%lld %ld %e %g %x %o %q %Q %w', 1, 2, 3.5, 0.0001, 255, 8, 'it''s', NULL, 'a\"b')",
-             "printf('%-*d|%*.*f', -4, 7, 9, 3, 3.14159)", "printf()", "printf(NULL)", "printf(3)", "printf('%s', x'41')",
+             "printf('%-*d|%*.*f', -4, 7, 9, 3, 3.14159)", "printf()", "printf(NULL)", "printf(3)",
+             "printf('%s', x'41')",
              "printf('%T%d', 1)", "printf('%!.20g', 0.1)", "length(printf('%050000d', 1))",
              "trim('  x  ')", "ltrim('xxaxx', 'x')", "rtrim('xxaxx', 'x')", "trim(12.5, '1')", "trim(x'2020412020')",
-             "trim(NULL)", "trim('a', NULL)", "trim('', 'a')", "trim('aaa', '')", "rtrim('é€😀x😀€', '€😀')",
+             "trim(NULL)", "trim('a', NULL)", "trim('', 'a')", "trim('aaa', '')",
+             "rtrim('é€😀x😀€', '€😀')",
              "trim(' \t x \t ')", "ltrim(120, 1)", "typeof(trim(x'41'))"]
     for call in calls:
         assert db.conn.execute(f"SELECT {call}").fetchone() == plain.execute(f"SELECT {call}").fetchone(), call

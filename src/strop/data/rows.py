@@ -269,8 +269,9 @@ def _rows_from_records(records: Iterable[tuple[str, Any]], columns: dict[str, st
     if errors:
         raise DatasetError(_summary(where, errors, "Every row needs string fields 'question' and 'answer' (the "
                                     "answer ending in '#### N'), or a prompt (text or chat messages) and "
-                                    "'answer' or verl's reward_model.ground_truth; if your columns have other names, pass a "
-                                    "field mapping such as fields={'question': 'problem', 'answer': 'solution'}."))
+                                    "'answer' or verl's reward_model.ground_truth; if your columns have other "
+                                    "names, pass a field mapping such as "
+                                    "fields={'question': 'problem', 'answer': 'solution'}."))
     if not rows:
         raise DatasetError(f"dataset {where} has no rows: it needs at least one row with 'question' and 'answer'.")
     return rows

@@ -150,7 +150,8 @@ def _pair(record: dict, where: str) -> tuple[list[dict] | None, None, list[str]]
     lists of messages, where only the completion's assistant turns are trained."""
     prompt, completion = record.get("prompt"), record.get("completion")
     if isinstance(prompt, str) and isinstance(completion, str):
-        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion, "weight": 1}], None, []
+        reply = {"role": "assistant", "content": completion, "weight": 1}
+        return [{"role": "user", "content": prompt}, reply], None, []
     if isinstance(prompt, list) and isinstance(completion, list) and prompt and completion:
         problems = []
         shown = [_message(m, f"{where}, prompt[{i}]", set(), problems) for i, m in enumerate(prompt)]
