@@ -179,11 +179,12 @@ def test_bundles_with_same_sibling_names_do_not_collide(tmp_path):
 
 def test_a_bundle_imports_its_neighbours_relatively_in_packages_too(tmp_path):
     """The layouts reward code comes in: a package with relative imports (verl's graders live in one), a top-level
-    module importing a neighbour relatively, the folder's own __init__.py, and an import made inside the function."""
+    module importing a neighbour relatively, and an import made inside the function. The folder's own __init__.py
+    is not run (verl's reward_score/__init__.py imports every grader's dependencies)."""
     root = make_bundle(tmp_path / "scoring", {
-        "__init__.py": "SCALE = 0.5\n",
-        "util.py": "def same(a, b):\n    return a.strip() == b.strip()\n",
-        "reward.py": "from . import SCALE\nfrom .util import same\n"
+        "__init__.py": "raise ImportError('not run')\n",
+        "util.py": "def same(a, b):\n    return a.strip() == b.strip()\nSCALE = 0.5\n",
+        "reward.py": "from . import util\nfrom .util import same\nSCALE = util.SCALE\n"
                      "def compute_score(solution_str=None, ground_truth=None, **kw):\n"
                      "    return SCALE * same(solution_str, ground_truth)\n",
         "pkg/__init__.py": "",

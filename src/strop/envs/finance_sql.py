@@ -180,7 +180,7 @@ def printf_fields_fit(fmt, args: tuple) -> bool:
                 if used < len(args) and _magnitude(args[used]) > VALUE_BYTES:
                     return False
                 used += 1
-            elif field and field != "*" and (len(field) > 9 or int(field) > VALUE_BYTES):
+            elif field and (len(field) > 9 or int(field) > VALUE_BYTES):
                 return False
         if spec.group(3) not in "%n":  # every other conversion reads an argument
             used += 1
@@ -201,7 +201,7 @@ class _BoundedFunctions:
     def install(self, conn: sqlite3.Connection) -> None:
         for name in ("printf", "format"):
             conn.create_function(name, -1, self.printf, deterministic=True)
-        for name, strip in self.TRIMS.items():
+        for name in self.TRIMS:
             conn.create_function(name, 1, lambda x, name=name: self.trim(name, x, " "), deterministic=True)
             conn.create_function(name, 2, lambda x, y, name=name: self.trim(name, x, y), deterministic=True)
 

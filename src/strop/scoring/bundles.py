@@ -209,17 +209,12 @@ def _import(file: Path, root: Path, where: str):
 
 
 def _bundle_package(base: str, root: Path) -> None:
-    """Register the bundle's folder as package `base` (running its __init__.py where it has one)."""
-    init = root / "__init__.py"
-    if init.is_file():
-        spec = importlib.util.spec_from_file_location(base, init, submodule_search_locations=[str(root)])
-    else:
-        spec = importlib.machinery.ModuleSpec(base, None, is_package=True)
-        spec.submodule_search_locations = [str(root)]
-    package = importlib.util.module_from_spec(spec)
-    sys.modules[base] = package
-    if init.is_file():
-        spec.loader.exec_module(package)
+    """Register the bundle's folder as package `base`. An __init__.py of the folder itself is not run: the grader's
+    module is all a reference names (a folder such as verl's reward_score/ imports every grader and its
+    dependencies there); a subpackage's runs, as Python runs it."""
+    spec = importlib.machinery.ModuleSpec(base, None, is_package=True)
+    spec.submodule_search_locations = [str(root)]
+    sys.modules[base] = importlib.util.module_from_spec(spec)
 
 
 def _inside(module, root: Path) -> bool:
