@@ -362,9 +362,6 @@ def test_the_rest_client_lists_describes_and_deletes(sdk_env):
     client = service_client.create_lora_training_client(base_model=MODEL, rank=4).result()
     keep = client.save_weights_for_sampler("keep").result().path
     drop = client.save_state("drop").result().path
-    inflight = client.save_weights_and_get_sampling_client(kind="inflight").result()     # served as a snapshot
-    assert len(inflight.sample(types.ModelInput.from_ints([1, 2]), 2, types.SamplingParams(max_tokens=3))
-               .result().sequences) == 2
     # RestClient() with no arguments is cached per process by the SDK under those (empty) arguments, so a test
     # process that has talked to other servers names this one
     rest = tinker.RestClient(base_url=sdk_env.url, api_key="tml-alice")
@@ -384,6 +381,32 @@ def test_the_rest_client_lists_describes_and_deletes(sdk_env):
         tinker.RestClient(base_url=sdk_env.url, api_key="tml-someone-else").get_training_run(client.model_id).result()
     offered = [m.model_name for m in rest.get_server_capabilities().result().supported_models]
     assert MODEL in offered
+    service_client.close("success").result()
+
+
+def test_inflight_sampling_clients_follow_the_newest_inflight_save_and_snapshots_do_not(sdk_env):
+    """SamplingClientKind's contract: every inflight client of a training model samples its newest inflight save,
+    older clients too; a snapshot (the default) keeps the weights it was made with."""
+    service_client = tinker.ServiceClient()
+    client = service_client.create_lora_training_client(base_model=MODEL, rank=4).result()
+    prompt, greedy = types.ModelInput.from_ints([1, 2, 3]), types.SamplingParams(max_tokens=4, temperature=0.0)
+
+    def tokens(sampler) -> list[int]:
+        return list(sampler.sample(prompt, 1, greedy).result().sequences[0].tokens)
+
+    snapshot = client.save_weights_and_get_sampling_client().result()
+    first = client.save_weights_and_get_sampling_client(kind="inflight").result()
+    before = tokens(first)
+    assert tokens(snapshot) == before
+    for _ in range(6):              # teach it to answer 99 99 99 99
+        client.forward_backward([sft_datum([1, 2, 3, 99, 99, 99, 99])], "cross_entropy").result()
+        client.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    assert tokens(first) == before                  # no inflight save yet: the weights it was given
+    second = client.save_weights_and_get_sampling_client(kind="inflight").result()
+    after = tokens(second)
+    assert after == [99, 99, 99, 99] != before
+    assert tokens(first) == after                   # the older inflight client moved with the save
+    assert tokens(snapshot) == before               # the snapshot did not
     service_client.close("success").result()
 
 

@@ -344,12 +344,17 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
                 service.register(path, who)
                 return {"type": "save_weights_for_sampler", "path": path}
         else:
+            inflight = req.kind == "inflight"   # the model's inflight clients, older ones too, move to these weights
+
             def run():
                 client = _trained(model)
                 snapshot = client.trainer.adapter_weights()
                 with service.engine_lock:
                     sampling = SamplingClient(client.backend, model.base_model, adapter=snapshot)
-                sampler = service.add_sampler(session, req.sampling_session_seq_id, model.base_model, None, sampling)
+                sampler = service.add_sampler(session, req.sampling_session_seq_id, model.base_model, None, sampling,
+                                              inflight_of=model.id if inflight else None)
+                if inflight:
+                    service.publish_inflight(model.id, sampling)
                 return {"type": "save_weights_for_sampler", "path": None, "sampling_session_id": sampler.id}
         return future_reply(service.submit(session, "SaveWeightsForSampler", run), model_id=model.id)
 
@@ -493,14 +498,14 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         num = req.num_samples
 
         def run():
-            pending = sampler.client.sample(prompt=ModelInput.from_ints(prompt), num_samples=num,
-                                            sampling_params=params)
+            client = sampler.client     # one request, one set of weights (an inflight client's may change)
+            pending = client.sample(prompt=ModelInput.from_ints(prompt), num_samples=num, sampling_params=params)
 
             def finish():
                 response = pending.result()
                 lps = None
                 if want_prompt:
-                    lps = sampler.client.compute_logprobs(ModelInput.from_ints(prompt)).result()
+                    lps = client.compute_logprobs(ModelInput.from_ints(prompt)).result()
                     if last_n is not None:
                         lps = [None] * (len(lps) - last_n) + list(lps[-last_n:])
                 return codec.write_sample_response(response, lps)

@@ -106,6 +106,8 @@ class Sampler:
     model_path: str | None
     client: Any                    # strop SamplingClient
     seq_futures: dict = field(default_factory=dict)
+    inflight_of: str | None = None  # an inflight client of this training model: it samples the model's newest
+                                    # inflight save (SamplingClientKind "inflight")
 
 
 @dataclass
@@ -411,12 +413,12 @@ class TinkerService:
         return model
 
     def add_sampler(self, session: Session, seq: int | None, base_model: str, model_path: str | None,
-                    client) -> Sampler:
+                    client, *, inflight_of: str | None = None) -> Sampler:
         if seq is not None and not 0 <= seq < 10**9:
             raise WireError(f"sampling_session_seq_id must be 0..999999999, got {seq}")
         sampler_id = f"{session.id}:sample:{seq if seq is not None else secrets.token_hex(4)}"
         sampler = Sampler(id=sampler_id, session_id=session.id, owner=session.owner, base_model=base_model,
-                          model_path=model_path, client=client)
+                          model_path=model_path, client=client, inflight_of=inflight_of)
         with self.lock:
             self.samplers[sampler_id] = sampler
             session.samplers[sampler_id] = None
@@ -428,6 +430,14 @@ class TinkerService:
                 while len(self.released_samplers) > 4096:
                     del self.released_samplers[next(iter(self.released_samplers))]
         return sampler
+
+    def publish_inflight(self, model_id: str, client) -> None:
+        """An inflight save of a training model: each of its inflight sampling clients samples `client`'s weights
+        from now on (a request already running finishes on the weights it started with)."""
+        with self.lock:
+            for sampler in self.samplers.values():
+                if sampler.inflight_of == model_id:
+                    sampler.client = client
 
     def sampler(self, sampler_id: str, owner: str) -> Sampler:
         with self.lock:
