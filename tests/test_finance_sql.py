@@ -361,7 +361,7 @@ def test_long_runs_are_read_in_bounded_time(text):
         assert time.perf_counter() - started < 0.25, read.__name__
 
 
-@pytest.mark.parametrize("text", ["", "twelve", "n/a", None, True, float("nan")])
+@pytest.mark.parametrize("text", ["", "twelve", "n/a", None, True, float("nan"), "1e308 billion", "-9e307 billion"])
 def test_non_numbers_do_not_parse(text):
     assert parse_answer(text) is None
 

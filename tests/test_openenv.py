@@ -65,6 +65,9 @@ class ArithEnv:
         if call.name == "wait":
             time.sleep(call.arguments.get("seconds", 1.0))
             return StepResult(Observation("waited"))
+        if call.name == "echo":   # what a client sent back, with a number parsed from it (inf from "inf")
+            return StepResult(Observation(str(call.arguments.get("text"))),
+                              info={"parsed": float(call.arguments.get("x", 0))})
         if call.name == "add":
             return StepResult(Observation(str(call.arguments["a"] + call.arguments["b"])))
         if call.name == "submit_answer":
@@ -142,7 +145,8 @@ def test_openenv_generic_client_runs_an_episode(keyed_server):
         added = env.step({"type": "call_tool", "tool_name": "add", "arguments": {"a": 1, "b": 3}})
         assert added.observation["result"]["data"] == "4" and added.reward == 0.0 and added.done is False
         state = env.state()
-        assert state["step_count"] == 1 and state["task_id"] == "train-1" and state["calls"] == ["add"]
+        # OpenEnv's state contract (its runtime.state_contract grader) counts every step, list_tools too
+        assert state["step_count"] == 2 and state["task_id"] == "train-1" and state["calls"] == ["add"]
         final = env.step({"type": "call_tool", "tool_name": "submit_answer", "arguments": {"answer": "4"}})
         assert final.reward == 1.0 and final.done is True and final.observation["info"] == {"correct": True}
         assert env.state()["answer"] == "4"
@@ -214,7 +218,10 @@ def test_bad_messages_get_clear_errors_and_the_session_survives(open_server):
             ({"type": "step", "data": {"type": "call_tool"}}, "VALIDATION_ERROR", "'tool_name'"),
             ({"type": "step", "data": {"type": "jump"}}, "VALIDATION_ERROR", "list_tools"),
             ({"type": "step"}, "VALIDATION_ERROR", "'data'"),
-            ({"type": "reset", "data": {"level": 3}}, "VALIDATION_ERROR", "['level']"),
+            ({"type": "reset", "data": {"index": "3", "level": 3}}, "VALIDATION_ERROR", "'index' must be"),
+            ({"type": "step", "data": {"type": "list_tools", "metadata": "x"}}, "VALIDATION_ERROR", "'metadata'"),
+            ({"type": "step", "data": {"type": "call_tool", "tool_name": "add", "metadata": [1]}}, "VALIDATION_ERROR",
+             "'metadata'"),
             ({"type": "reset", "data": {"index": -1}}, "VALIDATION_ERROR", "non-negative"),
             ({"type": "reset", "data": {"task_id": "nope"}}, "VALIDATION_ERROR", "no task 'nope'"),
             ({"type": "reset", "data": {"split": "dev"}}, "VALIDATION_ERROR", "the splits are"),
@@ -251,6 +258,55 @@ def test_bad_messages_get_clear_errors_and_the_session_survives(open_server):
     assert status == 400 and "'split'" in reply["detail"]
     assert http("POST", f"{url}/other/tasks", {"split": "train"})[0] == 404
     assert http("GET", f"{url}/health") == (200, {"status": "healthy"})
+
+
+def test_replies_are_strict_json_and_a_websockets_session_is_its_own(open_server):
+    """What OpenEnv's other clients (JavaScript, Go, Rust) and its runtime graders need: no Infinity or lone
+    surrogate in a reply, unknown reset fields ignored as OpenEnv's server ignores them (and named), list_tools
+    counted as a step with a number for its reward; and a WebSocket's session cannot be used or closed over HTTP
+    by its id."""
+    from websockets.sync.client import connect
+
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in a reply: {text[:200]}"))
+
+    with connect(open_server.url.replace("http", "ws") + "/ws", proxy=None) as ws:
+        def ask(frame):
+            ws.send(json.dumps(frame))
+            return strict(ws.recv(timeout=10))
+
+        reset = ask({"type": "reset", "data": {"split": "train", "index": 1, "options": {}, "seed": 4}})
+        assert reset["data"]["observation"]["task_id"] == "train-1"
+        assert reset["data"]["observation"]["metadata"]["ignored_reset_fields"] == ["options"]
+        listed = ask({"type": "step", "data": {"type": "list_tools"}})
+        assert listed["data"]["reward"] == 0.0 and ask({"type": "state"})["data"]["step_count"] == 1
+        echo = ask({"type": "step", "data": {"type": "call_tool", "tool_name": "echo",
+                                             "arguments": {"text": "a\ud800b", "x": "inf"}}})
+        assert echo["data"]["observation"]["info"]["parsed"] is None
+        assert echo["data"]["observation"]["result"]["data"] == "a\ufffdb"
+        assert ask({"type": "state"})["data"]["step_count"] == 2
+        own = ask({"type": "mcp", "data": {"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}})
+        sid = own["data"]["result"]["session_id"]
+        for method, params in (("openenv/session/close", {"session_id": sid}),
+                               ("tools/call", {"session_id": sid, "name": "add", "arguments": {"a": 1, "b": 2}})):
+            status, reply = http("POST", f"{open_server.url}/mcp", {"jsonrpc": "2.0", "method": method,
+                                                                    "params": params, "id": 2})
+            assert status == 200 and "unknown session_id" in reply["error"]["message"], (method, reply)
+        assert ask({"type": "step", "data": {"type": "call_tool", "tool_name": "add",
+                                             "arguments": {"a": 1, "b": 2}}})["data"]["observation"]["result"]["data"] == "3"
+
+    status, made = http("POST", f"{open_server.url}/mcp", {"jsonrpc": "2.0", "method": "openenv/session/create",
+                                                           "id": 3})
+    sid = made["result"]["session_id"]
+    with connect(open_server.url.replace("http", "ws") + f"/ws?session_id={sid}", proxy=None) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"index": 0}}))     # MCPToolClient's way: reset over its socket
+        assert strict(ws.recv(timeout=10))["type"] == "observation"
+    request = urllib.request.Request(f"{open_server.url}/mcp", method="POST", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"jsonrpc": "2.0", "method": "tools/call", "id": 4, "params": {
+                                         "session_id": sid, "name": "echo", "arguments": {"text": "x", "x": "-inf"}}}).encode())
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10) as response:
+        assert response.status == 200          # was a 500: Starlette refuses to write Infinity
+        assert strict(response.read().decode())["result"]["meta"]["info"]["parsed"] is None
 
 
 def test_every_task_route_answers(open_server):

@@ -93,6 +93,8 @@ def parse_answer(answer: Any) -> ParsedAnswer | None:
         if any(s in signs for s in "-\u2212\u2013") or ("(" in signs and closing):
             value = -value
         value *= _SCALE.get(unit, 1.0)
+        if not math.isfinite(value):       # "1e308 billion": no number an answer could mean
+            continue
         plain = not (unit or m.group("currency") or m.group("exponent") or "," in text or "." in text)
         parsed = ParsedAnswer(value, unit.startswith(("%", "per", "pp")))
         if not (plain and 1900 <= abs(value) <= 2100):

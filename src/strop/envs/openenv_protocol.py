@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import sys
 import time
@@ -58,6 +59,30 @@ def shown(value: Any, limit: int = 100) -> str:
     come back as a 1 MB error)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def wire_safe(value: Any) -> Any:
+    """A reply made safe to send as strict JSON: a float that is not finite (an answer parsed as 1e308 billion)
+    becomes null, and a string with lone surrogates (echoed from a client) gets U+FFFD in their place. JSON has no
+    Infinity or NaN (JavaScript, Go and Rust parsers refuse them), and a lone surrogate cannot be encoded as UTF-8."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
+    if isinstance(value, dict):
+        return {wire_safe(k) if isinstance(k, str) else k: wire_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [wire_safe(v) for v in value]
+    return value
+
+
+def dumps(reply: Any) -> str:
+    """A reply as strict JSON text (see `wire_safe`)."""
+    return json.dumps(wire_safe(reply), default=str, allow_nan=False)
 
 
 def parse_json(raw: str | bytes, example: str) -> Any:
@@ -115,21 +140,21 @@ class Session:
         return self.tasks_by_split[split]
 
 
-def check_reset(data: Any) -> dict:
+def check_reset(data: Any) -> tuple[dict, list[str]]:
+    """(the reset's fields, the names of those it ignores). A field strop's reset does not take is ignored, as
+    OpenEnv's own server drops keyword arguments its environment's reset() does not accept (OpenEnv's runtime
+    collector sends `options`); the reply names what it ignored. A field it takes must be of the right type."""
     if not isinstance(data, dict):
         raise ProtocolError("VALIDATION_ERROR", "reset: 'data' must be an object such as "
                                                 '{"split": "train", "index": 0}')
-    if set(data) - set(RESET_FIELDS):
-        unknown = shown(sorted(set(data) - set(RESET_FIELDS)))
-        raise ProtocolError("VALIDATION_ERROR", f"reset: unknown field(s) {unknown}; "
-                                                f"reset takes {sorted(RESET_FIELDS)}")
+    ignored = sorted(str(key)[:100] for key in set(data) - set(RESET_FIELDS))[:20]
     for key, kind in RESET_FIELDS.items():
         value = data.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool) or
                                   (kind is int and value < 0) or (kind is str and len(value) > 255)):
             what = "a non-negative integer" if kind is int else "a string of at most 255 characters"
             raise ProtocolError("VALIDATION_ERROR", f"reset: {key!r} must be {what}, got {shown(value)}")
-    return {k: v for k, v in data.items() if v is not None}
+    return {k: v for k, v in data.items() if k in RESET_FIELDS and v is not None}, ignored
 
 
 def choose_task(session: Session, data: dict) -> Task:
@@ -265,17 +290,19 @@ class EnvService:
             raise ProtocolError("VALIDATION_ERROR", "step: 'data' (the action) is missing")
         async with session.lock:
             if kind == "reset":
-                return {"type": "observation", "data": await self.reset(session, check_reset(message.get("data", {})))}
+                return {"type": "observation", "data": await self.reset(session, *check_reset(message.get("data", {})))}
             if kind == "step":
                 return {"type": "observation", "data": await self.step(session, message["data"])}
             return {"type": "state", "data": await self.state(session)}
 
-    async def reset(self, session: Session, data: dict) -> dict:
+    async def reset(self, session: Session, data: dict, ignored: list[str] = ()) -> dict:
         task = await session.run(choose_task, session, data)
         observation = await session.run(session.env.reset, task)
         session.task, session.step_count, session.done = task, 0, False
         session.episode_id = data.get("episode_id") or uuid.uuid4().hex
         metadata = dict(observation.metadata)
+        if ignored:
+            metadata["ignored_reset_fields"] = list(ignored)   # so a misspelt field is not silently lost
         return {"observation": {"content": observation.content, "task_id": task.id, "split": task.split,
                                 "episode_id": session.episode_id, "metadata": metadata},
                 "reward": None, "done": False, **({"metadata": metadata} if metadata else {})}
@@ -289,9 +316,13 @@ class EnvService:
         if set(action) - allowed:
             raise ProtocolError("VALIDATION_ERROR", f"step: unexpected field(s) {shown(sorted(set(action) - allowed))} "
                                                     f"in a {kind} action; it takes {sorted(allowed)}")
-        if kind == "list_tools":
+        metadata = action.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ProtocolError("VALIDATION_ERROR", f"step: 'metadata' must be an object, got {shown(metadata)}")
+        if kind == "list_tools":     # a step like any other (OpenEnv's state contract counts it), worth nothing
             tools = [mcp_tool(t) for t in await session.run(session.env.tools)]
-            return {"observation": {"tools": tools, "metadata": {}}, "reward": None, "done": session.done}
+            session.step_count += 1
+            return {"observation": {"tools": tools, "metadata": {}}, "reward": 0.0, "done": session.done}
         name, arguments = action.get("tool_name"), action.get("arguments", {})
         if not isinstance(name, str) or not name:
             raise ProtocolError("VALIDATION_ERROR", "step: a call_tool action needs 'tool_name' (a string)")
@@ -301,7 +332,8 @@ class EnvService:
             raise ProtocolError("SESSION_ERROR", "no episode yet: send a reset before calling tools")
         if session.done:
             raise ProtocolError("SESSION_ERROR", "the episode is over (done); send a reset to start another")
-        call = ToolCall(name, arguments, (action.get("metadata") or {}).get("tool_call_id"))
+        call_id = (metadata or {}).get("tool_call_id")
+        call = ToolCall(name, arguments, call_id if isinstance(call_id, str) else None)
         try:
             result = await session.run(session.env.step, call)
         except Exception as exc:  # noqa: BLE001 -- OpenEnv reports a failing tool as an observation with an error
@@ -363,11 +395,17 @@ class EnvService:
                                                   "metadata": observation["metadata"], "info": observation["info"]}}
 
     def _session_of(self, session_id: Any) -> Session | None:
-        if session_id is not None and session_id not in self.sessions:
-            raise ProtocolError("VALIDATION_ERROR", f"unknown session_id {shown(session_id)} (closed, or idle "
-                                                    f"for over {self.session_idle_s:g} s); make one with "
+        """The session a JSON-RPC call names by id: one made by openenv/session/create. A WebSocket's own session
+        is reached only over its socket (its id is no key to it from elsewhere)."""
+        if session_id is None:
+            return None
+        session = self.sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None or session.owner != "http":
+            raise ProtocolError("VALIDATION_ERROR", f"unknown session_id {shown(session_id)} (closed, idle for over "
+                                                    f"{self.session_idle_s:g} s, or a WebSocket's own session, "
+                                                    "which only that socket uses); make one with "
                                                     "openenv/session/create")
-        return None if session_id is None else self.sessions[session_id]
+        return session
 
     async def _close_rpc(self, session_id: Any, bound: Session | None) -> dict:
         if not session_id:

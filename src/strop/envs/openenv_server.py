@@ -55,8 +55,8 @@ from typing import Any
 
 from strop.envs import get_env
 from strop.envs.base import Environment
-from strop.envs.openenv_protocol import (MAX_SESSIONS, SESSION_IDLE_S, EnvService, ProtocolError, is_int, parse_json,
-                                         schemas)
+from strop.envs.openenv_protocol import (MAX_SESSIONS, SESSION_IDLE_S, EnvService, ProtocolError, dumps, is_int,
+                                         parse_json, schemas)
 from strop.errors import StropError
 
 MAX_MESSAGE_BYTES = 1 << 20     # a client frame or request body; tool calls and resets are small
@@ -80,13 +80,17 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
         # lazy: optional, its absence is handled here
         from starlette.applications import Starlette
         from starlette.middleware import Middleware
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse as StarletteJSON
         from starlette.routing import Route, WebSocketRoute
         from starlette.websockets import WebSocketDisconnect
     except ImportError:
         raise StropError(f"serving an environment over OpenEnv needs starlette and uvicorn: {INSTALL}") from None
     service = EnvService(env_factory, max_sessions=max_sessions, session_idle_s=session_idle_s,
                          reveal_answers=reveal_answers)
+
+    class JSONResponse(StarletteJSON):
+        def render(self, content) -> bytes:     # strict JSON whatever the environment put in a reply
+            return dumps(content).encode("ascii")
     too_large = f"the message is over the server's limit of {max_message_bytes} bytes (--max-message-bytes)"
 
     async def read_json(request) -> Any:
@@ -191,10 +195,10 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
                     reply = ProtocolError("EXECUTION_ERROR", f"{type(exc).__name__}: {exc}").frame()
                 if reply is None:
                     break
-                await websocket.send_text(json.dumps(reply, default=str))
+                await websocket.send_text(dumps(reply))
         except ProtocolError as exc:                    # refused (full, an unknown session) or idle too long
             try:
-                await websocket.send_text(json.dumps(exc.frame()))
+                await websocket.send_text(dumps(exc.frame()))
             except (WebSocketDisconnect, RuntimeError):
                 pass
         except (WebSocketDisconnect, RuntimeError):     # the client went away mid-reply
