@@ -292,8 +292,8 @@ def test_replies_are_strict_json_and_a_websockets_session_is_its_own(open_server
             status, reply = http("POST", f"{open_server.url}/mcp", {"jsonrpc": "2.0", "method": method,
                                                                     "params": params, "id": 2})
             assert status == 200 and "unknown session_id" in reply["error"]["message"], (method, reply)
-        assert ask({"type": "step", "data": {"type": "call_tool", "tool_name": "add",
-                                             "arguments": {"a": 1, "b": 2}}})["data"]["observation"]["result"]["data"] == "3"
+        added = ask({"type": "step", "data": {"type": "call_tool", "tool_name": "add", "arguments": {"a": 1, "b": 2}}})
+        assert added["data"]["observation"]["result"]["data"] == "3"            # the socket's session is intact
 
     status, made = http("POST", f"{open_server.url}/mcp", {"jsonrpc": "2.0", "method": "openenv/session/create",
                                                            "id": 3})
@@ -301,9 +301,10 @@ def test_replies_are_strict_json_and_a_websockets_session_is_its_own(open_server
     with connect(open_server.url.replace("http", "ws") + f"/ws?session_id={sid}", proxy=None) as ws:
         ws.send(json.dumps({"type": "reset", "data": {"index": 0}}))     # MCPToolClient's way: reset over its socket
         assert strict(ws.recv(timeout=10))["type"] == "observation"
-    request = urllib.request.Request(f"{open_server.url}/mcp", method="POST", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"jsonrpc": "2.0", "method": "tools/call", "id": 4, "params": {
-                                         "session_id": sid, "name": "echo", "arguments": {"text": "x", "x": "-inf"}}}).encode())
+    call = {"jsonrpc": "2.0", "method": "tools/call", "id": 4,
+            "params": {"session_id": sid, "name": "echo", "arguments": {"text": "x", "x": "-inf"}}}
+    request = urllib.request.Request(f"{open_server.url}/mcp", method="POST", data=json.dumps(call).encode(),
+                                     headers={"Content-Type": "application/json"})
     with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10) as response:
         assert response.status == 200          # was a 500: Starlette refuses to write Infinity
         assert strict(response.read().decode())["result"]["meta"]["info"]["parsed"] is None

@@ -410,6 +410,61 @@ def test_inflight_sampling_clients_follow_the_newest_inflight_save_and_snapshots
     service_client.close("success").result()
 
 
+def test_published_checkpoints_projects_and_ttls(sdk_env):
+    """RestClient's publish/unpublish (another key may then sample and load the checkpoint, never change it),
+    projects (a session's, or one assigned later, filter list_training_runs) and checkpoint TTLs (one past its
+    TTL is gone)."""
+    url = sdk_env.url
+    alice = tinker.ServiceClient(project_id="proj-a", base_url=url, api_key="tml-alice")
+    client = alice.create_lora_training_client(base_model=MODEL, rank=4).result()
+    path = client.save_weights_for_sampler("shared").result().path
+    rest = tinker.RestClient(base_url=url, api_key="tml-alice")
+    bob = tinker.ServiceClient(base_url=url, api_key="tml-bob")
+    bob_rest = tinker.RestClient(base_url=url, api_key="tml-bob")
+    with pytest.raises(tinker.NotFoundError):
+        bob.create_sampling_client(model_path=path).result()
+
+    rest.publish_checkpoint_from_tinker_path(path).result()
+    with pytest.raises(tinker.BadRequestError, match="public already"):    # not a 409: the SDK retries those
+        rest.publish_checkpoint_from_tinker_path(path).result()
+    assert [c.public for c in rest.list_checkpoints(client.model_id).result().checkpoints] == [True]
+    sampler = bob.create_sampling_client(model_path=path).result()
+    assert len(sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=3))
+               .result().sequences[0].tokens) == 3
+    owned = {r.training_run_id for r in bob_rest.list_training_runs().result().training_runs}
+    seen = bob_rest.list_training_runs(access_scope="accessible").result().training_runs
+    assert [(r.training_run_id, r.last_sampler_checkpoint.tinker_path) for r in seen
+            if r.training_run_id not in owned] == [(client.model_id, path)]
+    assert client.model_id not in owned
+    for change in (lambda: bob_rest.delete_checkpoint_from_tinker_path(path).result(),
+                   lambda: bob_rest.unpublish_checkpoint_from_tinker_path(path).result()):
+        with pytest.raises(tinker.NotFoundError):
+            change()
+    rest.unpublish_checkpoint_from_tinker_path(path).result()
+    with pytest.raises(tinker.NotFoundError):
+        bob.create_sampling_client(model_path=path).result()
+    assert rest.get_weights_info_by_tinker_path(path).result().lora_rank == 4   # still there, still hers
+
+    other = tinker.ServiceClient(base_url=url, api_key="tml-alice")              # in no project
+    moved = other.create_lora_training_client(base_model=MODEL, rank=2).result()
+    assert [r.training_run_id for r in rest.list_training_runs(project_id="proj-a").result().training_runs] \
+        == [client.model_id]
+    rest.assign_session_project(other.holder.get_session_id(), "proj-b").result()
+    assert [r.training_run_id for r in rest.list_training_runs(project_id="proj-b").result().training_runs] \
+        == [moved.model_id]
+
+    rest.set_checkpoint_ttl_from_tinker_path(path, 7200).result()
+    expires = rest.list_checkpoints(client.model_id).result().checkpoints[0].expires_at
+    assert 7100 < expires.timestamp() - time.time() <= 7200
+    rest.set_checkpoint_ttl_from_tinker_path(path, 1).result()
+    time.sleep(1.2)
+    assert rest.list_checkpoints(client.model_id).result().checkpoints == []    # past its TTL: deleted
+    with pytest.raises(tinker.NotFoundError):
+        alice.create_sampling_client(model_path=path).result()
+    for service_client in (alice, bob, other):
+        service_client.close("success").result()
+
+
 def test_a_request_that_fails_while_it_runs_reaches_result_as_request_failed(sdk_env):
     service_client = tinker.ServiceClient()
     client = service_client.create_lora_training_client(base_model=MODEL, rank=4).result()

@@ -34,6 +34,7 @@ MAX_JSON_BYTES = 8 << 20        # any other request
 MAX_DATUMS = 1024               # datums in one forward_backward request (the SDK's chunk is at most this)
 LONG_POLL_S = 20.0              # retrieve_future waits this long for a result before answering try_again
 BODY_TIMEOUT_S = 60.0           # a request body must arrive within this
+MAX_TTL_S = 10 * 365 * 86400    # a checkpoint's longest TTL (the SDK's: 1 hour to 10 years, or never)
 MAX_NEW_TOKENS = 8192           # one sampling request's completion budget per sample
 MAX_SAMPLED_TOKENS = 131072     # and over all its samples (num_samples x max_tokens): a request's time is bounded
 MAX_REQUEST_TOKENS = 300_000    # input tokens in one forward_backward request (the SDK's ~4 MB chunks stay under)
@@ -153,7 +154,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
     @route("/api/v1/create_session")
     async def create_session(request, who):
         req = await read_model(request, types.CreateSessionRequest)
-        session = service.create_session(who, req.tags, req.user_metadata)
+        session = service.create_session(who, req.tags, req.user_metadata, _project(req.project_id))
         return JSONResponse({"type": "create_session", "session_id": session.id})
 
     @route("/api/v1/session_heartbeat")
@@ -177,6 +178,25 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         session = service.session(request.path_params["session_id"], who, live=False)
         return JSONResponse({"training_run_ids": sorted(session.models), "sampler_ids": sorted(session.samplers),
                              "user_metadata": _str_dict(session.user_metadata)})
+
+    @route("/api/v1/sessions/{session_id}/project", methods=("PUT",))
+    async def assign_project(request, who):
+        raw = await body_bytes(request, MAX_JSON_BYTES)
+        try:
+            project = _project(json.loads(raw).get("project_id"))
+        except (ValueError, AttributeError):
+            raise WireError('the body must be JSON: {"project_id": "..."}') from None
+        if project is None:
+            raise WireError("project_id is missing; a session cannot be moved out of a project")
+        session = service.session(request.path_params["session_id"], who, live=False)
+        session.project_id = project
+        for run_id in sorted(session.models):         # its training runs move with it
+            try:
+                info = service.store.run_info(run_id, who)
+            except WireError:
+                continue                              # a model whose creation failed has no run
+            service.store.record_run(run_id, {**info, "project_id": project})
+        return JSONResponse({})
 
     @route("/api/v1/sessions", methods=("GET",))
     async def list_sessions(request, who):
@@ -240,7 +260,8 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
                 raise
             service.store.record_run(model.id, {
                 "base_model": req.base_model, "owner": who, "lora_rank": lora.rank, **model.lora,
-                "created": time.time(), "user_metadata": _str_dict(req.user_metadata)})
+                "created": time.time(), "user_metadata": _str_dict(req.user_metadata),
+                "project_id": session.project_id})
             return {"type": "create_model", "model_id": model.id}
         return future_reply(service.submit(session, "CreateModel", run), model_id=model.id)
 
@@ -361,7 +382,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
     @route("/api/v1/load_weights")
     async def load_weights(request, who):
         req = await read_model(request, types.LoadWeightsRequest)
-        folder, run_info = service.store.folder(req.path, who)
+        folder, run_info = service.store.folder(req.path, who, read=True)
         _, kind, _ = parse_path(req.path)
         if req.optimizer and kind != "weights":
             raise WireError(f"{req.path} is a sampler checkpoint (weights only); load a save_state checkpoint "
@@ -396,7 +417,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
                     session.models.discard(model.id)
                     raise
                 service.store.record_run(model.id, {**run_info, "created": time.time(), "owner": who,
-                                                    "loaded_from": req.path})
+                                                    "loaded_from": req.path, "project_id": session.project_id})
             _trained(model).trainer.load_state(folder, with_optimizer=bool(req.optimizer))
             return {"type": "load_weights", "path": req.path, "model_id": model.id}
         return future_reply(service.submit(session, "LoadWeights", run), model_id=model.id)
@@ -408,7 +429,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             path = json.loads(raw).get("tinker_path")
         except (ValueError, AttributeError):
             raise WireError("the body must be JSON with 'tinker_path'") from None
-        _, info = service.store.folder(path, who)
+        _, info = service.store.folder(path, who, read=True)
         return JSONResponse({"base_model": info["base_model"], "is_lora": True, "lora_rank": info["lora_rank"],
                              "train_mlp": info.get("train_mlp"), "train_attn": info.get("train_attn"),
                              "train_unembed": info.get("train_unembed")})
@@ -419,7 +440,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         req = await read_model(request, types.CreateSamplingSessionRequest)
         session = service.session(req.session_id, who)
         if req.model_path is not None:
-            folder, info = service.store.folder(req.model_path, who)
+            folder, info = service.store.folder(req.model_path, who, read=True)
             base = info["base_model"]
             if req.base_model is not None and req.base_model != base:
                 raise WireError(f"{req.model_path} was trained on {base}, not {req.base_model}")
@@ -517,8 +538,10 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         return future_reply(future_id, sample_sequence_ids=ids)
 
     # ---- the REST client's listings ----
-    def run_entry(run_id: str, info: dict) -> dict:
+    def run_entry(run_id: str, info: dict, viewer: str | None = None) -> dict:
         checkpoints = service.store.checkpoints(run_id, info["owner"])
+        if viewer is not None and viewer != info["owner"]:     # another key sees what was published
+            checkpoints = [c for c in checkpoints if c["public"]]
         last = {kind: [c for c in checkpoints if c["checkpoint_type"] == kind] for kind in KINDS.values()}
         with service.lock:
             live = service.models.get(run_id)
@@ -539,7 +562,13 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
 
     @route("/api/v1/training_runs", methods=("GET",))
     async def training_runs(request, who):
-        runs = [run_entry(run_id, info) for run_id, info in service.store.runs(who)]
+        scope = request.query_params.get("access_scope", "owned")
+        if scope not in ("owned", "accessible"):
+            raise WireError(f"access_scope is 'owned' or 'accessible', not {scope[:40]!r}")
+        project = request.query_params.get("project_id")
+        found = service.store.runs(who, accessible=scope == "accessible")
+        runs = [run_entry(run_id, info, who) for run_id, info in found
+                if project is None or info.get("project_id") == project]
         runs.sort(key=lambda r: r["last_request_time"], reverse=True)
         shown, cursor = page(request, runs)
         return JSONResponse({"training_runs": shown, "cursor": cursor})
@@ -552,6 +581,41 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
     @route("/api/v1/training_runs/{run_id}/checkpoints", methods=("GET",))
     async def run_checkpoints(request, who):
         return JSONResponse({"checkpoints": service.store.checkpoints(request.path_params["run_id"], who)})
+
+    def checkpoint_path(request) -> str:
+        p = request.path_params
+        return f"tinker://{p['run_id']}/{p['kind']}/{p['name']}"
+
+    @route("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/publish", methods=("POST",))
+    async def publish(request, who):
+        path = checkpoint_path(request)
+        folder, _ = service.store.folder(path, who)
+        if service.store.meta(folder).get("public"):
+            raise WireError(f"{path} is public already")     # 400: the SDK retries a 409 for minutes
+        service.store.update(path, who, public=True)      # other keys may now sample and load it, not change it
+        return JSONResponse({})
+
+    @route("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/publish", methods=("DELETE",))
+    async def unpublish(request, who):
+        path = checkpoint_path(request)
+        folder, _ = service.store.folder(path, who)
+        if not service.store.meta(folder).get("public"):
+            raise WireError(f"{path} is not public")
+        service.store.update(path, who, public=False)
+        return JSONResponse({})
+
+    @route("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl", methods=("PUT",))
+    async def set_ttl(request, who):
+        raw = await body_bytes(request, MAX_JSON_BYTES)
+        try:
+            ttl = json.loads(raw).get("ttl_seconds")
+        except (ValueError, AttributeError):
+            raise WireError('the body must be JSON: {"ttl_seconds": N or null}') from None
+        if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL_S):
+            raise WireError(f"ttl_seconds must be 1..{MAX_TTL_S} (10 years) or null (never expires), got "
+                            f"{str(ttl)[:40]}")
+        service.store.update(checkpoint_path(request), who, expires_at=time.time() + ttl if ttl else None)
+        return JSONResponse({})
 
     @route("/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id:path}", methods=("DELETE",))
     async def delete_checkpoint(request, who):
@@ -570,7 +634,8 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
                     list_sessions,
                     cancel, retrieve, create_model, get_info, forward_backward, optim_step, save_weights,
                     save_for_sampler, load_weights, weights_info, create_sampling_session, get_sampler, asample,
-                    training_runs, training_run, run_checkpoints, delete_checkpoint, all_checkpoints):
+                    training_runs, training_run, run_checkpoints, publish, unpublish, set_ttl, delete_checkpoint,
+                    all_checkpoints, assign_project):
         routes.append(handler)
 
     async def not_found(request, exc):
@@ -636,6 +701,14 @@ def _trained(model):
     if model.client is None:
         raise WireError(f"model {model.id} was not created (its create_model request failed)")
     return model.client
+
+
+def _project(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= 128:
+        raise WireError(f"project_id must be a string of 1-128 characters, got {str(value)[:40]!r}")
+    return value
 
 
 def _str_dict(value) -> dict | None:

@@ -79,14 +79,46 @@ class CheckpointStore:
             raise WireError(f"no training run {run_id[:80]!r} for this API key", status=404)
         return info
 
-    def folder(self, path: str, owner: str, *, must_exist: bool = True) -> tuple[Path, dict]:
-        """(checkpoint folder, its run's info) for a tinker:// path this owner may read."""
+    def folder(self, path: str, owner: str, *, must_exist: bool = True, read: bool = False) -> tuple[Path, dict]:
+        """(checkpoint folder, its run's info) for a tinker:// path of this owner's; with `read`, also one that
+        another key published (to sample or load from, never to change). A checkpoint past its TTL is deleted
+        here and is not found."""
         run_id, kind, name = parse_path(path)
-        info = self.run_info(run_id, owner)
         folder = self.run_dir(run_id) / kind / name
-        if must_exist and not (folder / "checkpoint.json").is_file():
+        try:
+            info = self.run_info(run_id, owner)
+        except WireError:
+            if not (read and self.meta(folder).get("public")):
+                raise
+            info = json.loads((self.run_dir(run_id) / "run.json").read_text())
+        if must_exist and not self._live(folder):
             raise WireError(f"no checkpoint {path[:160]!r} for this API key", status=404)
         return folder, info
+
+    @staticmethod
+    def meta(folder: Path) -> dict:
+        try:
+            meta = json.loads((folder / "checkpoint.json").read_text())
+        except (OSError, ValueError):
+            return {}                            # none yet (a save that did not finish), or not a checkpoint
+        return meta if isinstance(meta, dict) else {}
+
+    def _live(self, folder: Path) -> bool:
+        """Whether the checkpoint exists and is within its TTL; one past it is deleted now."""
+        meta = self.meta(folder)
+        if not meta:
+            return False
+        if meta.get("expires_at") and meta["expires_at"] <= time.time():
+            shutil.rmtree(folder, ignore_errors=True)
+            return False
+        return True
+
+    def update(self, path: str, owner: str, **changes) -> dict:
+        """Change fields of a checkpoint's checkpoint.json (its owner only); the new metadata."""
+        folder, _ = self.folder(path, owner)
+        meta = {**self.meta(folder), **changes}
+        atomic_write_text(folder / "checkpoint.json", json.dumps(meta))
+        return meta
 
     def path_for(self, run_id: str, kind: str, name: str) -> str:
         return f"tinker://{run_id}/{kind}/{check_name(name)}"
@@ -117,28 +149,36 @@ class CheckpointStore:
         for kind, kind_name in KINDS.items():
             base = self.run_dir(run_id) / kind
             for folder in sorted(base.iterdir()) if base.is_dir() else ():
-                try:
-                    meta = json.loads((folder / "checkpoint.json").read_text())
-                except (OSError, ValueError):
-                    continue                     # a save that did not finish
+                if not self._live(folder):
+                    continue                     # a save that did not finish, or one past its TTL
+                meta = self.meta(folder)
                 out.append({"checkpoint_id": f"{kind}/{folder.name}", "checkpoint_type": kind_name,
                             "time": iso(meta["time"]), "tinker_path": f"tinker://{run_id}/{kind}/{folder.name}",
-                            "size_bytes": meta.get("size_bytes"), "public": False,
+                            "size_bytes": meta.get("size_bytes"), "public": bool(meta.get("public")),
                             "user_metadata": meta.get("user_metadata"),
                             "expires_at": iso(meta["expires_at"]) if meta.get("expires_at") else None})
         out.sort(key=lambda c: c["time"])
         return out
 
-    def runs(self, owner: str) -> list[tuple[str, dict]]:
+    def runs(self, owner: str, *, accessible: bool = False) -> list[tuple[str, dict]]:
+        """This owner's training runs; with `accessible`, also other keys' runs that have a published checkpoint."""
         found = []
         for folder in sorted((self.root / "runs").iterdir()):
             try:
                 info = json.loads((folder / "run.json").read_text())
             except (OSError, ValueError):
                 continue
-            if info.get("owner") == owner:
+            if info.get("owner") == owner or (accessible and self.public_checkpoints(folder.name)):
                 found.append((folder.name, info))
         return found
+
+    def public_checkpoints(self, run_id: str) -> list[dict]:
+        """A run's published checkpoints, as another key may list them."""
+        try:
+            owner = json.loads((self.run_dir(run_id) / "run.json").read_text()).get("owner")
+        except (OSError, ValueError):
+            return []
+        return [c for c in self.checkpoints(run_id, owner) if c["public"]]
 
     def delete(self, path: str, owner: str) -> None:
         folder, _ = self.folder(path, owner)

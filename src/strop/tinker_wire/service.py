@@ -82,6 +82,7 @@ class Session:
     models: set = field(default_factory=set)
     samplers: dict = field(default_factory=dict)     # sampler id -> None, oldest first
     finished_at: float | None = None
+    project_id: str | None = None                    # its training runs are listed under this project
 
 
 @dataclass
@@ -150,7 +151,8 @@ class TinkerService:
         self.reaper.start()
 
     # ---- sessions ------------------------------------------------------------------------------------
-    def create_session(self, owner: str, tags: list, user_metadata: dict | None) -> Session:
+    def create_session(self, owner: str, tags: list, user_metadata: dict | None,
+                       project_id: str | None = None) -> Session:
         with self.lock:
             live = [s for s in self.sessions.values() if not s.finished]
             if len(live) >= MAX_SESSIONS:
@@ -162,7 +164,7 @@ class TinkerService:
             session = Session(id="s" + secrets.token_hex(8), owner=owner,
                               tags=[str(t)[:100] for t in list(tags)[:32]],
                               user_metadata={str(k)[:100]: str(v)[:1000] for k, v in list(user_metadata.items())[:64]}
-                              if isinstance(user_metadata, dict) else None)
+                              if isinstance(user_metadata, dict) else None, project_id=project_id)
             self.sessions[session.id] = session
             return session
 
