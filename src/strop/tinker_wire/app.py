@@ -100,6 +100,17 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             raise WireError(f"content-encoding {encoding[:20]!r} is not supported (zstd or none)", 415)
         return bytes(body)
 
+    async def read_field(request: Request, name: str, example: str):
+        """One field of a small JSON object body (None when absent)."""
+        raw = await body_bytes(request, MAX_JSON_BYTES)
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise WireError(f"the body must be a JSON object such as {example}")
+        return data.get(name)
+
     async def read_model(request: Request, model_cls):
         raw = await body_bytes(request, MAX_JSON_BYTES)
         try:
@@ -181,11 +192,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
 
     @route("/api/v1/sessions/{session_id}/project", methods=("PUT",))
     async def assign_project(request, who):
-        raw = await body_bytes(request, MAX_JSON_BYTES)
-        try:
-            project = _project(json.loads(raw).get("project_id"))
-        except (ValueError, AttributeError):
-            raise WireError('the body must be JSON: {"project_id": "..."}') from None
+        project = _project(await read_field(request, "project_id", '{"project_id": "..."}'))
         if project is None:
             raise WireError("project_id is missing; a session cannot be moved out of a project")
         session = service.session(request.path_params["session_id"], who, live=False)
@@ -424,11 +431,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
 
     @route("/api/v1/weights_info")
     async def weights_info(request, who):
-        raw = await body_bytes(request, MAX_JSON_BYTES)
-        try:
-            path = json.loads(raw).get("tinker_path")
-        except (ValueError, AttributeError):
-            raise WireError("the body must be JSON with 'tinker_path'") from None
+        path = await read_field(request, "tinker_path", '{"tinker_path": "tinker://..."}')
         _, info = service.store.folder(path, who, read=True)
         return JSONResponse({"base_model": info["base_model"], "is_lora": True, "lora_rank": info["lora_rank"],
                              "train_mlp": info.get("train_mlp"), "train_attn": info.get("train_attn"),
@@ -606,11 +609,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
 
     @route("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl", methods=("PUT",))
     async def set_ttl(request, who):
-        raw = await body_bytes(request, MAX_JSON_BYTES)
-        try:
-            ttl = json.loads(raw).get("ttl_seconds")
-        except (ValueError, AttributeError):
-            raise WireError('the body must be JSON: {"ttl_seconds": N or null}') from None
+        ttl = await read_field(request, "ttl_seconds", '{"ttl_seconds": 7200} (null: never expires)')
         if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL_S):
             raise WireError(f"ttl_seconds must be 1..{MAX_TTL_S} (10 years) or null (never expires), got "
                             f"{str(ttl)[:40]}")
