@@ -178,6 +178,38 @@ def test_sampling_honours_seeds_stops_and_returns_prompt_logprobs(sdk_env):
     service_client.close("success").result()
 
 
+def test_top_k_logprobs_of_the_prompt_and_of_the_samples(sdk_env):
+    """topk_prompt_logprobs and topk_sample_logprobs (what tinker-cookbook's distillation asks a teacher for):
+    under greedy decoding each sampled token is its position's top-1, with the sampled logprob; a prompt that
+    continues greedily has its own tokens at top-1 there; each row is sorted and a distribution's head."""
+    service_client = tinker.ServiceClient()
+    sampler = service_client.create_sampling_client(base_model=MODEL).result()
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
+    out = sampler.sample(types.ModelInput.from_ints([1, 2, 3, 4]), 2, greedy, topk_sample_logprobs=3).result()
+    for seq in out.sequences:
+        assert len(seq.topk_logprobs) == len(seq.tokens) == 6
+        for token, logprob, row in zip(seq.tokens, seq.logprobs, seq.topk_logprobs):
+            assert len(row) == 3 and row[0][0] == token and row[0][1] == pytest.approx(logprob, abs=1e-4)
+            assert [lp for _, lp in row] == sorted((lp for _, lp in row), reverse=True)
+    text = [1, 2, 3, 4] + list(out.sequences[0].tokens)
+    scored = sampler.sample(types.ModelInput.from_ints(text), 1, types.SamplingParams(max_tokens=1),
+                            include_prompt_logprobs=True, topk_prompt_logprobs=5).result()
+    rows = scored.topk_prompt_logprobs
+    assert rows[0] is None and len(rows) == len(text) and all(len(r) == 5 for r in rows[1:])
+    assert [r[0][0] for r in rows[4:]] == text[4:]                     # the greedy continuation is each top-1
+    for row, token, logprob in zip(rows[1:], text[1:], scored.prompt_logprobs[1:]):
+        assert sum(np.exp(lp) for _, lp in row) <= 1 + 1e-5
+        assert dict(row).get(token, logprob) == pytest.approx(logprob, abs=1e-4)   # where the token is in the top 5
+    last = sampler.sample(types.ModelInput.from_ints(text), 1, types.SamplingParams(max_tokens=1),
+                          include_prompt_logprobs=True, topk_prompt_logprobs=2, prompt_logprobs_last_n=3).result()
+    assert last.topk_prompt_logprobs[:-3] == [None] * (len(text) - 3)
+    for mine, full in zip(last.topk_prompt_logprobs[-3:], rows[-3:]):
+        assert mine[0][0] == full[0][0] and mine[0][1] == pytest.approx(full[0][1], abs=1e-4)
+    with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs must be 0..128"):
+        sampler.sample(types.ModelInput.from_ints(text), 1, greedy, topk_prompt_logprobs=1000).result()
+    service_client.close("success").result()
+
+
 def test_results_slower_than_the_long_poll_arrive_after_try_again(tmp_path, monkeypatch):
     srv = start(tmp_path / "slow", long_poll_s=0.05)
     try:

@@ -95,6 +95,12 @@ def test_samples_are_valid_and_their_logprobs_are_the_trainers(engines, tok, tin
         theirs, ours = vllm.prompt_logprobs([whole])[0], strop_engine.prompt_logprobs([whole])[0]
         assert theirs[0] is None and len(theirs) == len(whole)
         assert max(abs(a - b) for a, b in zip(theirs[1:], ours[1:])) < LOGPROB_TOLERANCE
+        # and the top 4 at each position (the tinker server's topk_prompt_logprobs on a vLLM sampler)
+        top_theirs, top_ours = vllm.prompt_topk([whole], 4)[0], strop_engine.prompt_topk([whole], 4)[0]
+        assert top_theirs[0] is None and top_ours[0] is None and len(top_theirs) == len(whole)
+        for mine, other in zip(top_ours[1:], top_theirs[1:]):
+            assert [t for t, _ in other] == [t for t, _ in mine]
+            assert max(abs(a - b) for (_, a), (_, b) in zip(mine, other)) < LOGPROB_TOLERANCE
     vllm.activate(None)
 
 

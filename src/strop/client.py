@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 # the engines (torch, transformers, peft: ~10 s to import on a slow CPU) are imported where one is made, so a command
 # that only plans a run's memory (admission: `strop runs start`) or reads a model's files does not pay for them
 
+MAX_TOPK = 128   # top-k logprobs per position: a teacher's distribution for distillation needs tens, not thousands
+
 
 class APIFuture:
     """A result that is ready now or computed on first `.result()`; `result()` may be called many times."""
@@ -261,6 +263,20 @@ class SamplingClient:
             with self._queue.lock:
                 engine.activate(self.adapter)
                 return engine.prompt_logprobs([p.to_ints() for p in prompts])
+        return APIFuture(compute)
+
+    def compute_topk_logprobs_many(self, sequences: list[ModelInput], k: int) -> APIFuture:
+        """At each position of each input, the `k` likeliest tokens and their logprobs given what comes before
+        (None at the first position), under this client's weights: a teacher's view of a student's text, what the
+        tinker SDK's `topk_prompt_logprobs` and `topk_sample_logprobs` return (a strop extension)."""
+        if not 1 <= k <= MAX_TOPK:
+            raise StropError(f"top-k logprobs take k in 1..{MAX_TOPK}, got {k}")
+        engine = self._queue.engine
+
+        def compute():
+            with self._queue.lock:
+                engine.activate(self.adapter)
+                return engine.prompt_topk([p.to_ints() for p in sequences], k)
         return APIFuture(compute)
 
     def get_tokenizer(self):

@@ -493,6 +493,28 @@ class SamplerEngine:
         """Each token's logprob given the tokens before it (None for the first), for several sequences, run in
         right-padded batches of similar length."""
         results: list[list[float | None]] = [[] for _ in sequences]
+        for batch, ids, logits in self._teacher_forced(sequences, max_batch_tokens):
+            lp = (logits.gather(-1, ids[:, 1:, None])[..., 0] - torch.logsumexp(logits, -1))
+            for b, i in enumerate(batch):
+                results[i] = [None] + lp[b, :len(sequences[i]) - 1].tolist()
+        return results
+
+    @torch.inference_mode()
+    def prompt_topk(self, sequences: list[list[int]], k: int,
+                    max_batch_tokens: int = 8192) -> list[list[list[tuple[int, float]] | None]]:
+        """The `k` likeliest tokens and their logprobs at each position of each sequence, given the tokens before
+        it (None for the first position): what a teacher's distribution over a student's text looks like."""
+        results: list[list] = [[] for _ in sequences]
+        for batch, _, logits in self._teacher_forced(sequences, max_batch_tokens):
+            values, tokens = (logits - torch.logsumexp(logits, -1, keepdim=True)).topk(min(k, logits.shape[-1]), -1)
+            for b, i in enumerate(batch):
+                n = len(sequences[i]) - 1
+                results[i] = [None] + [list(zip(t, v)) for t, v in zip(tokens[b, :n].tolist(), values[b, :n].tolist())]
+        return results
+
+    def _teacher_forced(self, sequences: list[list[int]], max_batch_tokens: int):
+        """(indices into `sequences`, token ids, float32 logits predicting each next token) per right-padded batch
+        of similar lengths."""
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         start = 0
         while start < len(order):
@@ -507,9 +529,5 @@ class SamplerEngine:
                 ids[b, :len(sequences[i])] = torch.tensor(sequences[i], dtype=torch.long)
                 mask[b, :len(sequences[i])] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
-            logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-            lp = (logits.gather(-1, ids[:, 1:, None])[..., 0] - torch.logsumexp(logits, -1))
-            for b, i in enumerate(batch):
-                results[i] = [None] + lp[b, :len(sequences[i]) - 1].tolist()
+            yield batch, ids, self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
             start = end
-        return results

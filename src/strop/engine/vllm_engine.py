@@ -334,6 +334,17 @@ class VllmEngine:
             results.extend(reply["logprobs"])
         return results
 
+    def prompt_topk(self, sequences: list[list[int]], k: int,
+                    max_batch_tokens: int = 8192) -> list[list[list[tuple[int, float]] | None]]:
+        for sequence in sequences:
+            self._check_tokens(sequence)
+        results: list[list] = []
+        for start in range(0, len(sequences), 256):
+            reply = self._process.call({"op": "prompt_logprobs", "sequences": sequences[start:start + 256], "topk": k})
+            results.extend([None if row is None else [(int(t), float(v)) for t, v in row] for row in rows]
+                           for rows in reply["topk"])
+        return results
+
     def _check_tokens(self, tokens: list[int]) -> None:
         if self.vocab and any(not 0 <= int(t) < self.vocab for t in tokens):
             bad = next(int(t) for t in tokens if not 0 <= int(t) < self.vocab)

@@ -15,7 +15,7 @@ request has an "op"; each reply is {"ok": true, ...} or {"ok": false, "error": "
     {"op": "generate", "requests": [{"prompt": [ids], "n": 4, "max_tokens": 32, "temperature": 1.0, "top_k": -1,
                                      "top_p": 1.0, "seed": 7, "stop_strings": [...], "stop_ids": [...],
                                      "json_schema": "..." | null}]}
-    {"op": "prompt_logprobs", "sequences": [[ids], ...]}
+    {"op": "prompt_logprobs", "sequences": [[ids], ...], "topk": k}    (k optional: also the k likeliest tokens)
     {"op": "reset_cache"}            (forget the prefix cache's keys and values)
     {"op": "close"}
 
@@ -213,17 +213,23 @@ class Worker:
         return {"responses": responses}
 
     def prompt_logprobs(self, message: dict) -> dict:
-        sequences = message["sequences"]
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        """Each prompt token's logprob; with "topk": k, also the k likeliest tokens at each position (by vLLM's
+        rank: vLLM returns the prompt's own token beside its top k)."""
+        sequences, k = message["sequences"], int(message.get("topk") or 0)
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
                                     use_tqdm=False, lora_request=self.lora_request)
-        results = []
+        results, topk = [], []
         for sequence, output in zip(sequences, outputs):
-            row = [None]
+            row, best = [None], [None]
             for entry, token in zip((output.prompt_logprobs or [None])[1:], sequence[1:]):
                 row.append(None if entry is None else entry[token].logprob)
+                if k:
+                    ranked = sorted((lp.rank, t, lp.logprob) for t, lp in (entry or {}).items() if lp.rank <= k)
+                    best.append([[t, lp] for _, t, lp in ranked[:k]] or None)
             results.append(row)
-        return {"logprobs": results}
+            topk.append(best)
+        return {"logprobs": results, "topk": topk}
 
 
 def serve(reader, writer) -> None:

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from strop.client import SamplingClient
+from strop.client import MAX_TOPK, SamplingClient
 from strop.envs.openenv_server import EnvServer
 from strop.errors import StropError
 from strop.models import CATALOG
@@ -35,6 +35,7 @@ MAX_DATUMS = 1024               # datums in one forward_backward request (the SD
 LONG_POLL_S = 20.0              # retrieve_future waits this long for a result before answering try_again
 BODY_TIMEOUT_S = 60.0           # a request body must arrive within this
 MAX_TTL_S = 10 * 365 * 86400    # a checkpoint's longest TTL (the SDK's: 1 hour to 10 years, or never)
+MAX_TOPK_ENTRIES = 1 << 22      # top-k (token, logprob) pairs in one sampling reply: 32 MB
 MAX_NEW_TOKENS = 8192           # one sampling request's completion budget per sample
 MAX_SAMPLED_TOKENS = 131072     # and over all its samples (num_samples x max_tokens): a request's time is bounded
 MAX_REQUEST_TOKENS = 300_000    # input tokens in one forward_backward request (the SDK's ~4 MB chunks stay under)
@@ -482,11 +483,12 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         if req.seq_id is not None and req.seq_id in sampler.seq_futures:
             return future_reply(sampler.seq_futures[req.seq_id][0],
                                 sample_sequence_ids=sampler.seq_futures[req.seq_id][1])
-        for name, value in (("topk_prompt_logprobs", req.topk_prompt_logprobs),
-                            ("topk_sample_logprobs", req.topk_sample_logprobs),
-                            ("prompt_alt_tokens_k", req.prompt_alt_tokens_k)):
-            if value:
-                raise WireError(f"{name} is not supported by this server yet; leave it at 0")
+        if req.prompt_alt_tokens_k:
+            raise WireError("prompt_alt_tokens_k is not supported by this server yet; leave it at 0")
+        topk_prompt, topk_sample = req.topk_prompt_logprobs or 0, req.topk_sample_logprobs or 0
+        for name, value in (("topk_prompt_logprobs", topk_prompt), ("topk_sample_logprobs", topk_sample)):
+            if not 0 <= value <= MAX_TOPK:
+                raise WireError(f"{name} must be 0..{MAX_TOPK}, got {value}")
         if req.target_prompt_logprobs is not None or req.record_stability_info:
             raise WireError("target_prompt_logprobs and record_stability_info are not supported by this server yet")
         if not 1 <= req.num_samples <= MAX_SAMPLES:
@@ -509,6 +511,10 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         elif req.num_samples * max_tokens > MAX_SAMPLED_TOKENS:
             raise WireError(f"num_samples x max_tokens = {req.num_samples * max_tokens} is over this server's "
                             f"{MAX_SAMPLED_TOKENS} per request; send fewer samples per request")
+        entries = len(prompt) * topk_prompt + req.num_samples * max_tokens * topk_sample
+        if entries > MAX_TOPK_ENTRIES:
+            raise WireError(f"top-k logprobs for {entries:,} (token, position) pairs is over this server's "
+                            f"{MAX_TOPK_ENTRIES:,} per request; ask for a smaller k or fewer tokens")
         last_n = req.prompt_logprobs_last_n
         if last_n is not None and not (req.prompt_logprobs and 1 <= last_n <= len(prompt) - 1):
             raise WireError("prompt_logprobs_last_n needs prompt_logprobs and must be 1..len(prompt) - 1")
@@ -527,12 +533,23 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
 
             def finish():
                 response = pending.result()
-                lps = None
+                lps = prompt_topk = sample_topk = None
                 if want_prompt:
                     lps = client.compute_logprobs(ModelInput.from_ints(prompt)).result()
                     if last_n is not None:
                         lps = [None] * (len(lps) - last_n) + list(lps[-last_n:])
-                return codec.write_sample_response(response, lps)
+                if topk_prompt:
+                    prompt_topk = client.compute_topk_logprobs_many([ModelInput.from_ints(prompt)],
+                                                                    topk_prompt).result()[0]
+                    if last_n is not None:
+                        prompt_topk = [None] * (len(prompt_topk) - last_n) + list(prompt_topk[-last_n:])
+                if topk_sample:         # each sampled token's position, read back with the prompt before it
+                    rows = client.compute_topk_logprobs_many(
+                        [ModelInput.from_ints(prompt + list(seq.tokens)) for seq in response.sequences],
+                        topk_sample).result()
+                    sample_topk = [row[len(prompt):len(prompt) + len(seq.tokens)]
+                                   for row, seq in zip(rows, response.sequences)]
+                return codec.write_sample_response(response, lps, prompt_topk=prompt_topk, sample_topk=sample_topk)
             return finish
         future_id = service.submit(session, "Sample", run, sample={"sampler": sampler.id})
         ids = [f"{future_id}:{i}" for i in range(num)]

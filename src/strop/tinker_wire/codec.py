@@ -26,6 +26,9 @@ class WireError(ValueError):
         self.status = status
 
 
+TOPK_MASK_LOGPROB = -99999.0   # the SDK's filler for a top-k slot with no token (tinker.types.topk_logprobs)
+
+
 def proto():
     """The SDK's generated message module (imported on first use: it needs the `tinker` package)."""
     try:
@@ -158,16 +161,36 @@ def write_forward_backward_output(output) -> bytes:
     return msg.SerializeToString()
 
 
-def write_sample_response(response, prompt_logprobs: list | None = None) -> bytes:
-    """A strop SampleResponse as the SDK's SampleResponse protobuf (prompt logprobs: NaN where there is none)."""
+def write_sample_response(response, prompt_logprobs: list | None = None, *, prompt_topk: list | None = None,
+                          sample_topk: list | None = None) -> bytes:
+    """A strop SampleResponse as the SDK's SampleResponse protobuf (prompt logprobs: NaN where there is none);
+    top-k logprobs (per position a list of (token, logprob), or None) of the prompt and of each sequence's
+    tokens, as the SDK's dense TopkLogprobs."""
     pb = proto()
     msg = pb.SampleResponse()
-    for seq in response.sequences:
+    for i, seq in enumerate(response.sequences):
         out = msg.sequences.add()
         out.stop_reason = pb.STOP_REASON_LENGTH if seq.stop_reason == "length" else pb.STOP_REASON_STOP
         out.tokens = np.asarray(seq.tokens, dtype=np.int32).tobytes()
         out.logprobs = np.asarray(seq.logprobs, dtype=np.float32).tobytes()
+        if sample_topk is not None:
+            _write_topk(out.topk_sampled_logprobs, sample_topk[i])
     if prompt_logprobs is not None:
         msg.prompt_logprobs = np.asarray([math.nan if v is None else v for v in prompt_logprobs],
                                          dtype=np.float32).tobytes()
+    if prompt_topk is not None:
+        _write_topk(msg.topk_prompt_logprobs, prompt_topk)
     return msg.SerializeToString()
+
+
+def _write_topk(field, rows: list) -> None:
+    """Rows of (token, logprob) pairs (None: no distribution there) as a TopkLogprobs message: two [length, k]
+    matrices, the SDK's sentinel (token 0, logprob -99999) where a row has fewer than k pairs."""
+    k = max((len(row) for row in rows if row), default=0)
+    tokens = np.zeros((len(rows), k), dtype=np.int32)
+    logprobs = np.full((len(rows), k), TOPK_MASK_LOGPROB, dtype=np.float32)
+    for i, row in enumerate(rows):
+        for j, (token, logprob) in enumerate(row or ()):
+            tokens[i, j], logprobs[i, j] = token, logprob
+    field.length, field.k = len(rows), k
+    field.token_ids, field.logprobs = tokens.tobytes(), logprobs.tobytes()
