@@ -158,3 +158,29 @@ def test_malformed_messages_are_400s_naming_the_field(server):
                                                                    "function": {"name": "f", "arguments": {"a": 1}}}]},
             {"role": "tool", "tool_call_id": "1", "content": [{"type": "text", "text": "1"}]}]
     assert client.chat.completions.create(model="tiny", max_tokens=2, messages=fine, tools=tools).choices
+
+
+def test_what_openais_clients_send_is_read_as_openai_reads_it(server):
+    """A tool conversation without `tools` (null content), a developer turn, a client's stop string that ends
+    generation (it was only cut from the text after max_tokens of it), and the refusals OpenAI gives: an unknown
+    role, a json_schema that is not an object (was a 500)."""
+    import openai
+    client = OpenAI(base_url=url(server), api_key="sekret", max_retries=0)
+    history = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                                    "function": {"name": "w", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    assert client.chat.completions.create(model="tiny", max_tokens=2, messages=history).choices
+    ask = [{"role": "user", "content": "hi"}]
+    free = client.chat.completions.create(model="tiny", max_tokens=40, temperature=0, messages=ask)
+    text = free.choices[0].message.content
+    stop = "\n"                                 # the tiny random model writes newlines early
+    assert stop in text and free.usage.completion_tokens == 40, (text, free.usage)
+    stopped = client.chat.completions.create(model="tiny", max_tokens=40, temperature=0, messages=ask, stop=stop)
+    assert stopped.choices[0].finish_reason == "stop" and stop not in stopped.choices[0].message.content
+    assert stopped.usage.completion_tokens < 40
+    for kwargs, field in (({"messages": [{"role": "bogus", "content": "x"}]}, "role"),
+                          ({"messages": ask, "response_format": {"type": "json_schema", "json_schema": "x"}},
+                           "json_schema")):
+        with pytest.raises(openai.BadRequestError, match=field):
+            client.chat.completions.create(model="tiny", max_tokens=2, **kwargs)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_MAX_TOKENS = 256
+ROLES = ("system", "developer", "user", "assistant", "tool")   # OpenAI's; a developer turn is read as a system turn
 MAX_N = 16
 MAX_STOPS, MAX_STOP_CHARS = 4, 1000   # OpenAI takes up to 4 stop sequences
 # A response_format schema is compiled to a grammar while every other request waits: 4,000 optional properties
@@ -80,6 +81,9 @@ def _messages(messages: Any) -> list[dict]:
     # lazy: strop.renderers pulls in torch, numpy, which importing this module does not need
     from strop.renderers.tools import content_problem, tool_call_problem
     for i, m in enumerate(messages):
+        if m["role"] not in ROLES:
+            raise RequestError(f"'messages[{i}].role' must be one of {', '.join(ROLES)}, not {_shown(m['role'])}",
+                               f"messages[{i}].role")
         if (problem := content_problem(m.get("content"))) is not None:
             raise RequestError(f"'messages[{i}]': {problem}", f"messages[{i}].content")
         calls = m.get("tool_calls")
@@ -148,7 +152,8 @@ def schema_of(response_format) -> dict | None:
     if kind == "json_object":
         return {"type": "object"}
     if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
+        inner = response_format.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else None
         if isinstance(schema, dict):
             return _bounded(schema)
         raise RequestError("'response_format' json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}",

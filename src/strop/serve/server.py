@@ -213,18 +213,26 @@ class ModelServer(ThreadingHTTPServer):
         from strop import types
         from strop.renderers import get_text_content
         request = read_request(body, self.max_tokens_limit)
+        # lazy: strop.renderers.tools pulls in torch, numpy, which importing this module does not need
+        from strop.renderers.tools import hermes_turn
+        # text content (null or text parts read), earlier tool calls written out, a developer turn as a system one
+        shown = [{**turn, "role": "system"} if turn["role"] == "developer" else turn
+                 for turn in (hermes_turn(m) for m in request.messages)]
         if request.tools:
-            # lazy: strop.renderers.tools pulls in torch, numpy, which importing this module does not need
-            from strop.renderers.tools import hermes_turn
-            prompt = self.renderer.build_tool_prompt([hermes_turn(m) for m in request.messages], request.tools)
+            prompt = self.renderer.build_tool_prompt(shown, request.tools)
         else:
-            prompt = self.renderer.build_generation_prompt(request.messages)
+            prompt = self.renderer.build_generation_prompt(shown)
         if self.max_prompt_tokens is not None and prompt.length > self.max_prompt_tokens:
             raise RequestError(f"the prompt is {prompt.length} tokens, over this server's limit of "
                                f"{self.max_prompt_tokens} ({self.prompt_limit_source}); send a shorter "
                                "conversation", "messages")
-        stops = self.renderer.get_stop_sequences() + ([TOOL_STOP] if request.tools else [])
-        params = types.SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
+        # the client's stops end generation too (they were only cut from the text, after max_tokens of it)
+        stops = self.renderer.get_stop_sequences() + ([TOOL_STOP] if request.tools else []) + list(request.stop)
+        room = request.max_tokens if self.max_prompt_tokens is None else self.max_prompt_tokens - prompt.length
+        if room < 1:
+            raise RequestError(f"the prompt is {prompt.length} tokens and fills the model's context; send a shorter "
+                               "conversation", "messages")
+        params = types.SamplingParams(max_tokens=min(request.max_tokens, room), temperature=request.temperature,
                                       top_p=request.top_p, seed=request.seed, stop=stops, json_schema=request.schema)
         with self.lock:
             sequences = generate(self.sampler, prompt, request.n, params, self.renderer.tokenizer.decode, gone)
