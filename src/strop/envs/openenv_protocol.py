@@ -341,6 +341,9 @@ class EnvService:
             return {"observation": {"tool_name": name, "result": None, "error": error, "metadata": {}, "info": {}},
                     "reward": None, "done": session.done}
         session.step_count, session.done = session.step_count + 1, bool(result.done)
+        if not math.isfinite(float(result.reward)):   # strict JSON has no NaN: say so, do not send null for it
+            raise ProtocolError("EXECUTION_ERROR", f"the environment gave {name} the reward {result.reward!r}, which "
+                                                   "is not a finite number; the episode cannot be scored")
         return step_payload(name, result)
 
     async def state(self, session: Session) -> dict:
