@@ -111,10 +111,11 @@ def test_closing_joins_connection_threads_even_for_an_idle_keep_alive_client(tin
 
 
 def test_generation_in_chunks_gives_what_one_pass_gives(server):
-    # strop serve generates in chunks (64, then 256 tokens) so that it can stop for a client that left;
-    # greedy text, the first chunk of seeded text, and stop strings across a chunk's edge come out as in one pass
+    # strop serve generates in chunks (64, then 256 tokens) so that it can stop for a client that left, and let
+    # other clients take turns; greedy text, the first chunk of seeded text, and stop strings across a chunk's edge
+    # come out as in one pass
     from strop import types
-    from strop.serve.server import generate
+    from strop.serve.generation import generate
     prompt = server.renderer.build_generation_prompt([{"role": "user", "content": "Tell me a story."}])
     decode, stops = server.renderer.tokenizer.decode, server.renderer.get_stop_sequences()
 
@@ -184,3 +185,46 @@ def test_what_openais_clients_send_is_read_as_openai_reads_it(server):
                            "json_schema")):
         with pytest.raises(openai.BadRequestError, match=field):
             client.chat.completions.create(model="tiny", max_tokens=2, **kwargs)
+
+
+def test_logprobs_are_served_in_openais_shape(server):
+    """`logprobs` and `top_logprobs` were ignored; now each reply token comes with its logprob and the k likeliest
+    tokens at its place, read by the real client into its own types."""
+    import math
+
+    import openai
+    client = OpenAI(base_url=url(server), api_key="sekret", max_retries=0)
+    ask = [{"role": "user", "content": "What is 2 + 3?"}]
+    reply = client.chat.completions.create(model="tiny", messages=ask, max_tokens=8, temperature=0, logprobs=True,
+                                           top_logprobs=3, n=2)
+    for choice in reply.choices:
+        content = choice.logprobs.content
+        assert "".join(t.token for t in content) == choice.message.content and len(content) == 8
+        assert bytes(b for t in content for b in t.bytes).decode() == choice.message.content
+        for place in content:
+            assert place.logprob <= 0 and len(place.top_logprobs) == 3
+            values = [t.logprob for t in place.top_logprobs]
+            assert values == sorted(values, reverse=True)
+            # greedy: the token taken is the likeliest, with the logprob the teacher-forced pass gives it
+            assert place.top_logprobs[0].token == place.token and math.isclose(values[0], place.logprob, abs_tol=1e-3)
+    plain = client.chat.completions.create(model="tiny", messages=ask, max_tokens=2, logprobs=True)
+    assert len(plain.choices[0].logprobs.content) == 2 and plain.choices[0].logprobs.content[0].top_logprobs == []
+    assert client.chat.completions.create(model="tiny", messages=ask, max_tokens=2).choices[0].logprobs is None
+    for kwargs, says in (({"logprobs": True, "top_logprobs": 21}, "between 0 and 20"),
+                         ({"top_logprobs": 2}, "needs \"logprobs\": true"), ({"logprobs": "yes"}, "true or false")):
+        with pytest.raises(openai.BadRequestError, match=re.escape(says)):
+            client.chat.completions.create(model="tiny", messages=ask, max_tokens=2, **kwargs)
+
+
+def test_token_bytes_keep_what_a_partial_character_holds(server):
+    # an emoji is several byte-level tokens, each alone a replacement character: their bytes still add up to it
+    from strop.serve.logprobs import describer, text_tokens
+    tokenizer = server.renderer.tokenizer
+    text = "\U0001F600 ok"
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    describe = describer(tokenizer)
+    assert any("\ufffd" in describe(t)[0] for t in tokens)
+    assert bytes(b for t in tokens for b in describe(t)[1]) == text.encode()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert describe(end) == ("<|im_end|>", list(b"<|im_end|>"))
+    assert text_tokens(tokens + [end], text, tokenizer.decode) == len(tokens)

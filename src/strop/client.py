@@ -240,15 +240,24 @@ class SamplingClient:
         self._queue = backend.queue(base_model)
 
     def sample(self, prompt: ModelInput, num_samples: int = 1, sampling_params: SamplingParams | None = None,
-               include_prompt_logprobs: bool = False) -> APIFuture:
+               include_prompt_logprobs: bool = False, *, resumed: int = 0) -> APIFuture:
+        """`resumed` (a strop extension): the prompt's last `resumed` tokens are the sample's own output so far, a
+        generation continued in chunks; a json_schema grammar takes them first (see `continues_grammar`)."""
         if num_samples < 1:
             raise StropError(f"num_samples must be at least 1, got {num_samples}")
         if prompt.length == 0:
             raise StropError("cannot sample from an empty prompt; build one with renderer.build_generation_prompt(messages)")
         from strop.engine.sampler import SampleRequest  # lazy: transformers (see the top)
+        if not 0 <= resumed <= prompt.length:
+            raise StropError(f"resumed must be between 0 and the prompt's {prompt.length} tokens, got {resumed}")
         request = SampleRequest(prompt_tokens=prompt.to_ints(), num_samples=num_samples,
-                                params=sampling_params or SamplingParams())
+                                params=sampling_params or SamplingParams(), resumed=resumed)
         return self._queue.submit(self.adapter, request)
+
+    @property
+    def continues_grammar(self) -> bool:
+        """Whether this client's engine can continue a json_schema sample from its own output (`resumed`)."""
+        return self._queue.engine.continues_grammar
 
     def compute_logprobs(self, prompt: ModelInput) -> APIFuture:
         """Each token's logprob given those before it (None for the first), under this client's weights."""

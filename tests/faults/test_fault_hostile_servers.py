@@ -385,7 +385,7 @@ HI = [{"role": "user", "content": "hi"}]
 ])
 def test_a_lying_content_length_is_refused_before_any_body_is_read(model_server, headers, status, says):
     started = time.perf_counter()
-    answer = raw_exchange(model_server.server_port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    answer = raw_exchange(model_server.server_port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                                     b"Content-Type: application/json\r\n" + headers + b"\r\n")
     assert answer.startswith(f"HTTP/1.1 {status}".encode()), answer[:200]
     assert says.encode() in answer and b"Connection: close" in answer
@@ -458,15 +458,15 @@ def test_a_client_that_leaves_stops_its_generation(model_server):
     long = json.dumps({"messages": [{"role": "user", "content": "hello world " * 30}], "max_tokens": 4096, "n": 16,
                        "temperature": 1.0}).encode()
     leaver = socket.create_connection(("127.0.0.1", model_server.server_port))
-    leaver.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    leaver.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                    b"Content-Length: " + str(len(long)).encode() + b"\r\n\r\n" + long)
     time.sleep(1.0)                                  # 16 x ~1,900 tokens (to the 2,048 context): seconds of work
-    assert model_server.lock.locked()                                     # it is generating
+    assert model_server.turns.busy                                        # it is generating
     leaver.close()                                                        # the client gives up
     started = time.perf_counter()
     status, reply = chat(model_server, {"messages": HI, "max_tokens": 2})
     assert status == 200 and time.perf_counter() - started < 3.0          # was served after the whole 16 x 4,096
-    assert not model_server.lock.locked()
+    assert not model_server.turns.busy
 
 
 def test_slow_idle_and_surplus_clients_are_dropped_while_others_are_served(model_server):

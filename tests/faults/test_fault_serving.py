@@ -164,6 +164,8 @@ def test_strop_serve_warns_when_exposed_without_a_key_and_names_its_argument(tin
     assert code == 1 and "--max-tokens-limit must be at least 1" in err
     code, _, err = run(capsys, "serve", "strop/tiny-random", "--read-timeout", "nan")
     assert code == 1 and "--read-timeout must be a positive number of seconds" in err
+    code, _, err = run(capsys, "serve", "strop/tiny-random", "--allow-origin", "my-ui.example/app")
+    assert code == 1 and "--allow-origin 'my-ui.example/app': give a web page's origin" in err
 
 
 def test_strop_envs_serve_as_a_user_starts_it():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from urllib.parse import urlsplit
 
 from strop.cli.output import note
 from strop.errors import StropError
@@ -34,6 +35,9 @@ def register(nouns) -> None:
                         "(default: %(default)g)")
     p.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_S, metavar="SECONDS",
                    help="close a kept-alive connection that sends no request for this long (default: %(default)g)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let a web page at ORIGIN (such as http://my-ui.example:3000) call the server from a browser; "
+                        "pages elsewhere than this machine are refused (repeat for several)")
     p.set_defaults(handler=run)
 
 
@@ -47,6 +51,7 @@ def run(args) -> int:
     for flag, value in (("--read-timeout", args.read_timeout), ("--idle-timeout", args.idle_timeout)):
         if not 0 < value < float("inf"):
             raise StropError(f"{flag} must be a positive number of seconds, got {value:g}")
+    origins = tuple(_origin(o) for o in args.allow_origin)
     key = None
     if args.api_key_env:
         key = os.environ.get(args.api_key_env)
@@ -63,13 +68,23 @@ def run(args) -> int:
     server = make_server(model["baseModel"], base_path=model["basePath"], adapter=model["adapter"], host=args.host,
                          port=args.port, api_key=key, name=args.model, max_body=args.max_body_bytes,
                          max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
-                         read_timeout=args.read_timeout, idle_timeout=args.idle_timeout)
+                         read_timeout=args.read_timeout, idle_timeout=args.idle_timeout,
+                         allowed_origins=origins)
     note(f"serving {args.model} on http://{args.host}:{server.server_port}/v1 (Ctrl-C stops it)")
     try:
         server.serve_forever()
     finally:
         server.server_close()
     return 0
+
+
+def _origin(value: str) -> str:
+    """An --allow-origin value, checked: scheme://host[:port], as a browser sends it in Origin."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/") or parts.query:
+        raise StropError(f"--allow-origin {value!r}: give a web page's origin, scheme://host[:port], such as "
+                         "http://localhost:3000 (no path)")
+    return value.strip().rstrip("/")
 
 
 def _require_model(model_id: str) -> None:

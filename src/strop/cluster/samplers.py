@@ -91,6 +91,8 @@ def shares(weights: list[int], parts: int) -> list[slice]:
 class RaySamplerEngine:
     """`settings.samplers` replicas of one engine on the cluster at `settings.address`."""
 
+    continues_grammar = False  # a replica may be vLLM's: a json_schema sample runs whole
+
     def __init__(self, base_model: str, model_dir: str | Path, *, settings: RaySettings, sampler: str = "auto",
                  dtype: str = "auto", max_batch: int = 64, options: dict | None = None, reserved_gpus: int = 0,
                  run_gpus: int | None = None):

@@ -71,6 +71,9 @@ class SampleRequest:
     prompt_tokens: list[int]
     num_samples: int
     params: SamplingParams
+    # how many of the prompt's last tokens are this sample's own output so far (a generation continued in chunks, as
+    # `strop serve` runs one): a json_schema grammar takes them before it masks the first new token
+    resumed: int = 0
 
 
 @dataclass
@@ -87,6 +90,14 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     stop_reason: str | None = None
     matcher: object | None = None  # an xgrammar GrammarMatcher when the output is held to a JSON schema
+
+
+def _resume(matcher, output: list[int]) -> None:
+    """Bring a fresh grammar matcher to where a continued sample left off: past the output it has already written."""
+    for token in output:
+        if not matcher.accept_token(token):
+            raise ValueError("a continued sample's output so far does not follow its json_schema; continue only "
+                             "output that was generated under the same schema")
 
 
 def _truncate(scores_V: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -150,6 +161,9 @@ def row_seed(seed: int, index: int) -> int:
 
 
 class SamplerEngine:
+    # a json_schema sample can be continued from its own output (SampleRequest.resumed)
+    continues_grammar = True
+
     def __init__(self, model_dir: str | Path, tokenizer=None, dtype: torch.dtype = torch.float32, max_batch: int = 64,
                  fast_decode: bool = True, prefix_cache_bytes: int | None = None, device: str = "cpu"):
         """`device`: where the model computes ("cpu", or "cuda[:N]"); choosing each token (seeded generators,
@@ -273,10 +287,13 @@ class SamplerEngine:
         rows = []
         for i in range(request.num_samples):
             generator = torch.Generator().manual_seed(row_seed(base_seed, i))
+            matcher = None
+            if params.json_schema:
+                matcher = self._matcher(params.json_schema)
+                _resume(matcher, request.prompt_tokens[len(request.prompt_tokens) - request.resumed:])
             rows.append(_Row(prompt_index=index, generator=generator, params=params,
                              max_tokens=params.max_tokens or DEFAULT_MAX_TOKENS,
-                             stop_ids=stop_ids, stop_strings=stop_strings,
-                             matcher=self._matcher(params.json_schema) if params.json_schema else None))
+                             stop_ids=stop_ids, stop_strings=stop_strings, matcher=matcher))
         return rows
 
     def _matcher(self, schema: str):

@@ -190,6 +190,8 @@ class VllmEngine:
     """A sampler engine (the interface of `strop.engine.sampler.SamplerEngine`) over vLLM in a worker process."""
 
     name = "vllm"
+    # vLLM's structured outputs start their grammar at the first generated token: a json_schema sample runs whole
+    continues_grammar = False
 
     def __init__(self, model_dir: str | Path, tokenizer=None, dtype: torch.dtype = torch.float32, max_batch: int = 64,
                  sync: str | None = None, seed: int = 0, max_model_len: int | None = None, max_lora_rank: int = 64,
@@ -300,6 +302,8 @@ class VllmEngine:
         for index, request in enumerate(requests):
             self._check_tokens(request.prompt_tokens)
             params = request.params
+            if request.resumed and params.json_schema:
+                raise VllmEngineError("vLLM cannot continue a json_schema sample from its own output; run it whole")
             ids, strings = set(self.eos_ids), []
             for item in params.stop or ():
                 if isinstance(item, str):

@@ -6,7 +6,8 @@ one refused with a 400 that names it (OpenAI's error body: message, type, param)
 
 Numbers must be finite and in OpenAI's ranges (temperature 0..2, top_p in (0, 1], n 1..16, max_tokens 1..the
 server's limit); `null` or a missing field takes the default; a field of the wrong type is refused, not coerced
-(a temperature of "0.7", NaN or 1e999 is an error, and a max_tokens of 0 is not quietly 256).
+(a temperature of "0.7", NaN or 1e999 is an error, and a max_tokens of 0 is not quietly 256). `logprobs` and
+`top_logprobs` (0..20, with logprobs true) are served (`strop.serve.logprobs`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
+
+from strop.serve.logprobs import MAX_TOP_LOGPROBS
 
 DEFAULT_MAX_TOKENS = 256
 ROLES = ("system", "developer", "user", "assistant", "tool")   # OpenAI's; a developer turn is read as a system turn
@@ -46,6 +49,8 @@ class ChatRequest:
     stop: tuple[str, ...]            # the client's own stop strings, cut from the text after generation
     schema: dict | None              # response_format's JSON schema (None for free text)
     tools: list[dict] | None
+    logprobs: bool = False           # each reply token's logprob (OpenAI's choices[i].logprobs.content)
+    top_logprobs: int = 0            # with it, the k likeliest tokens at each place (0..MAX_TOP_LOGPROBS)
 
 
 def read_request(body: Any, max_tokens_limit: int) -> ChatRequest:
@@ -67,11 +72,24 @@ def read_request(body: Any, max_tokens_limit: int) -> ChatRequest:
     seed = _integer(body, "seed", None, -(2 ** 63))
     if seed is not None and seed >= 2 ** 63:
         raise RequestError(f"'seed' must fit in 64 bits, got {seed}", "seed")
+    logprobs, top_logprobs = _logprobs(body)
     return ChatRequest(messages=_messages(body.get("messages")), max_tokens=max_tokens, n=n,
                        temperature=_number(body, "temperature", 1.0, 0.0, 2.0, "between 0 and 2"),
                        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, "greater than 0 and at most 1", open_low=True),
                        seed=seed, stop=_stops(body.get("stop")), schema=schema_of(body.get("response_format")),
-                       tools=tools_of(body.get("tools")))
+                       tools=tools_of(body.get("tools")), logprobs=logprobs, top_logprobs=top_logprobs)
+
+
+def _logprobs(body: dict) -> tuple[bool, int]:
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise RequestError(f"'logprobs' must be true or false, got {_shown(logprobs)}", "logprobs")
+    top = _integer(body, "top_logprobs", 0, 0)
+    if top > MAX_TOP_LOGPROBS:
+        raise RequestError(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}, got {top}", "top_logprobs")
+    if top and not logprobs:
+        raise RequestError("'top_logprobs' needs \"logprobs\": true", "top_logprobs")
+    return bool(logprobs), top
 
 
 def _messages(messages: Any) -> list[dict]:

@@ -7,9 +7,10 @@ use a base or tuned model by URL.
 
 Endpoints: GET /v1/models, POST /v1/chat/completions (messages, max_tokens, temperature, top_p, n, stop, seed,
 response_format: json_object or json_schema, enforced by grammar-constrained decoding; tools, answered with
-`tool_calls` when the model writes Hermes-style <tool_call> blocks). It binds to 127.0.0.1 unless told otherwise
-and checks `Authorization: Bearer KEY` when given a key. Requests are served one generation at a time (one model,
-one CPU), so what any one client can hold is bounded:
+`tool_calls` when the model writes Hermes-style <tool_call> blocks; logprobs and top_logprobs). It binds to
+127.0.0.1 unless told otherwise and checks `Authorization: Bearer KEY` when given a key; a web page cannot use it
+through a visitor's browser (`strop.serve.guard`: Host, Origin and Content-Type checked). One chunk of generation
+runs at a time (one model, one CPU), so what any one client can hold is bounded:
 
 - a body needs a valid Content-Length (411 without one, 400 for a bad one) of at most `max_body` bytes (413,
   refused before any of it is read);
@@ -18,13 +19,16 @@ one CPU), so what any one client can hold is bounded:
   refused before it reaches the model;
 - a request must arrive whole within `read_timeout` seconds of its first byte, and a keep-alive connection
   waits `idle_timeout` seconds for its next one; past `max_connections` open connections a new one gets 503;
-- generation runs in chunks and stops when its client has gone away, so the next request starts at once.
+- generation runs in chunks (`strop.serve.generation`), a json_schema request's too, and stops when its client has
+  gone away; the chunks of different connections take turns (`strop.serve.turns`), so a newcomer waits for at most
+  one chunk of another client's work, however many generations that client has asked for.
 """
 
 from __future__ import annotations
 
+import functools
 import io
-import ipaddress
+import itertools
 import json
 import re
 import select
@@ -33,7 +37,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,7 +45,11 @@ from typing import Any
 import strop
 from strop import model_info
 from strop.models import resolve_model
+from strop.serve.generation import generate
+from strop.serve.guard import content_type_problem, host_problem, is_loopback, origin_problem
+from strop.serve.logprobs import describer, text_tokens, token_logprobs
 from strop.serve.requests import TOOL_STOP, RequestError, read_request, tool_reply
+from strop.serve.turns import Turns
 from strop.tokenizer_utils import get_tokenizer
 
 MAX_BODY = 1 << 20
@@ -53,20 +60,6 @@ READ_TIMEOUT_S = 30.0     # a request's head and body, from its first byte
 IDLE_TIMEOUT_S = 30.0     # a keep-alive connection waiting for its next request
 MAX_CONNECTIONS = 64      # a thread each; more are answered 503 at once
 DEFAULT_MAX_PROMPT_TOKENS = 32_768   # for a model whose config.json names no context length
-# Generation runs in chunks (64 tokens, then 256 at a time); between them, whether the client is still there is
-# asked. Most answers end within the first; each later chunk re-reads the prompt and the tokens so far (the engine
-# keeps no cache between calls), which for one row costs a few percent of the chunk's decoding.
-FIRST_CHUNK, CHUNK = 64, 256
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps a server on this machine ('localhost', 127.x.x.x, ::1)."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def exposure_warning(host: str, api_key: str | None, key_flag: str = "--api-key-env VAR") -> str | None:
@@ -89,66 +82,6 @@ def context_length(model_dir: str | Path) -> int | None:
     return None
 
 
-def generate(sampler, prompt, n: int, params, decode: Callable[[list[int]], str],
-             gone: Callable[[], bool]) -> list | None:
-    """`n` samples of `prompt` (SampledSequences), or None as soon as `gone()` says the client has left.
-
-    The engine cannot stop a generation midway, so it is asked for chunks (FIRST_CHUNK tokens, then CHUNK at a
-    time), each continuing from the prompt and the tokens so far, with `gone()` asked between them. The first is the
-    request as it came (same seed, same tokens); a continued row is its own request, seeded from the request's
-    seed, the row and the chunk; a stop string that spans two chunks, which the engine sees one at a time, is
-    found here. A JSON-schema request runs whole: its grammar's state cannot be carried across chunks."""
-    # lazy: strop.types pulls in torch, numpy, which importing this module does not need
-    from strop import types
-    if gone():
-        return None
-    if params.json_schema is not None:
-        return list(sampler.sample(prompt=prompt, num_samples=n, sampling_params=params).result().sequences)
-    total = params.max_tokens
-    strings = [s for s in params.stop or () if isinstance(s, str)]
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    logprobs: list[list[float]] = [[] for _ in range(n)]
-    reasons: list[str | None] = [None] * n
-    size, chunk = FIRST_CHUNK, 0
-    while live := [i for i in range(n) if reasons[i] is None]:
-        if chunk and gone():
-            return None
-        if chunk == 0:
-            first = replace(params, max_tokens=min(size, total))
-            batches = [(live, sampler.sample(prompt=prompt, num_samples=n, sampling_params=first))]
-        else:       # every row submitted before any is read: the engine runs them as one batch
-            batches = [([i], sampler.sample(
-                prompt=prompt.append(types.EncodedTextChunk(tokens=tokens[i])), num_samples=1,
-                sampling_params=replace(params, max_tokens=min(size, total - len(tokens[i])),
-                                        seed=_chunk_seed(params.seed, i, chunk)))) for i in live]
-        for rows, future in batches:
-            for i, seq in zip(rows, future.result().sequences):
-                since = len(tokens[i])
-                tokens[i] += seq.tokens
-                logprobs[i] += seq.logprobs
-                cut = _spanning_stop(tokens[i], since, strings, decode) if strings and since else None
-                if cut is not None:
-                    del tokens[i][cut:], logprobs[i][cut:]
-                    reasons[i] = "stop"
-                elif seq.stop_reason == "stop" or len(tokens[i]) >= total:
-                    reasons[i] = seq.stop_reason
-        size, chunk = CHUNK, chunk + 1
-    return [types.SampledSequence(stop_reason=r, tokens=t, logprobs=lp) for r, t, lp in zip(reasons, tokens, logprobs)]
-
-
-def _chunk_seed(seed: int | None, row: int, chunk: int) -> int | None:
-    return None if seed is None else (seed * 1_000_003 + (row + 1) * 7_919 + chunk * 104_729) % (2**63 - 1)
-
-
-def _spanning_stop(tokens: list[int], since: int, stops: list[str], decode) -> int | None:
-    """The length at which `tokens` first hold a stop string begun before `since` (in an earlier chunk), or None."""
-    start = max(0, since - max(len(s) for s in stops) - 2)   # a token is at least one character
-    if not any(s in decode(tokens[start:]) for s in stops):
-        return None
-    return next((end for end in range(since + 1, len(tokens) + 1)
-                 if any(s in decode(tokens[start:end]) for s in stops)), None)
-
-
 class ModelServer(ThreadingHTTPServer):
     """One thread per connection (at most `max_connections`). The threads are daemons, so an idle keep-alive
     client never holds the process open, but `server_close` closes their connections and joins them: a handler
@@ -161,7 +94,8 @@ class ModelServer(ThreadingHTTPServer):
     def __init__(self, address, sampler, renderer, model_name: str, api_key: str | None, max_body: int,
                  max_tokens_limit: int = MAX_TOKENS_LIMIT, max_prompt_tokens: int | None = None,
                  prompt_limit_source: str = "--max-prompt-tokens", read_timeout: float = READ_TIMEOUT_S,
-                 idle_timeout: float = IDLE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
+                 idle_timeout: float = IDLE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
+                 allowed_origins: tuple[str, ...] = ()):
         for name, value in (("read_timeout", read_timeout), ("idle_timeout", idle_timeout)):
             if not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
@@ -170,7 +104,10 @@ class ModelServer(ThreadingHTTPServer):
         self.api_key, self.max_body, self.max_tokens_limit = api_key, max_body, max_tokens_limit
         self.max_prompt_tokens, self.prompt_limit_source = max_prompt_tokens, prompt_limit_source
         self.read_timeout, self.idle_timeout, self.max_connections = read_timeout, idle_timeout, max_connections
-        self.lock = threading.Lock()
+        # web pages, besides this machine's, that may call it (--allow-origin); compared without a trailing slash
+        self.allowed_origins = frozenset(o.strip().rstrip("/") for o in allowed_origins)
+        self.turns = Turns()
+        self._connections = itertools.count()       # a key per connection, for whose turn it is
         self._live: dict[threading.Thread, socket.socket] = {}
         self._live_lock = threading.Lock()
 
@@ -206,12 +143,12 @@ class ModelServer(ThreadingHTTPServer):
         for thread, _ in live:
             thread.join(self.close_wait)
 
-    def complete(self, body: Any, gone: Callable[[], bool] = lambda: False) -> dict | None:
+    def complete(self, body: Any, gone: Callable[[], bool] = lambda: False, client: tuple = ("local", None)
+                 ) -> dict | None:
         """The chat completion for a parsed request body (RequestError for a bad one), or None when `gone()`
-        said the client left before it was done."""
+        said the client left before it was done. `client` (address, connection) is whose turns it takes."""
         # lazy: strop.types pulls in torch, numpy, which importing this module does not need
         from strop import types
-        from strop.renderers import get_text_content
         request = read_request(body, self.max_tokens_limit)
         # lazy: strop.renderers.tools pulls in torch, numpy, which importing this module does not need
         from strop.renderers.tools import hermes_turn
@@ -234,27 +171,60 @@ class ModelServer(ThreadingHTTPServer):
                                "conversation", "messages")
         params = types.SamplingParams(max_tokens=min(request.max_tokens, room), temperature=request.temperature,
                                       top_p=request.top_p, seed=request.seed, stop=stops, json_schema=request.schema)
-        with self.lock:
-            sequences = generate(self.sampler, prompt, request.n, params, self.renderer.tokenizer.decode, gone)
+
+        def turn():
+            return self.turns.turn(*client)
+        sequences = generate(self.sampler, prompt, request.n, params, self.renderer.tokenizer.decode, gone, turn)
         if sequences is None:
             return None
-        choices, completion_tokens = [], 0
-        for i, seq in enumerate(sequences):
-            message, ok = self.renderer.parse_response(seq.tokens)
-            text = get_text_content(message)
-            finish = "stop" if ok else "length"
-            for s in request.stop:                  # the client's own stops cut the text
-                if s in text:
-                    text, finish = text[:text.index(s)], "stop"
-            reply = {"role": "assistant", "content": text}
-            if request.tools:
-                reply, finish = tool_reply(text, finish)
-            choices.append({"index": i, "message": reply, "finish_reason": finish})
-            completion_tokens += len(seq.tokens)
+        top = [None] * len(sequences)
+        if request.top_logprobs:
+            top = self._top_logprobs(prompt, sequences, request.top_logprobs, gone, turn)
+            if top is None:
+                return None
+        choices = [self._choice(i, seq, request, top[i]) for i, seq in enumerate(sequences)]
+        completion_tokens = sum(len(seq.tokens) for seq in sequences)
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": prompt.length, "completion_tokens": completion_tokens,
                           "total_tokens": prompt.length + completion_tokens}}
+
+    def _choice(self, index: int, seq, request, top: list | None) -> dict:
+        """One sample as OpenAI's choice: the reply (cut at the client's stops, tool calls read), why it ended, and
+        its logprobs when asked for."""
+        # lazy: strop.renderers pulls in torch, numpy, which importing this module does not need
+        from strop.renderers import get_text_content
+        message, ok = self.renderer.parse_response(seq.tokens)
+        text = get_text_content(message)
+        finish = "stop" if ok else "length"
+        for s in request.stop:                  # the client's own stops cut the text
+            if s in text:
+                text, finish = text[:text.index(s)], "stop"
+        logprobs = None
+        if request.logprobs:
+            shown = text_tokens(seq.tokens, text, self.renderer.tokenizer.decode)
+            logprobs = {"content": token_logprobs(seq.tokens[:shown], seq.logprobs[:shown], top, self._describe),
+                        "refusal": None}
+        reply = {"role": "assistant", "content": text}
+        if request.tools:
+            reply, finish = tool_reply(text, finish)
+        return {"index": index, "message": reply, "finish_reason": finish, "logprobs": logprobs}
+
+    def _top_logprobs(self, prompt, sequences, k: int, gone, turn) -> list | None:
+        """The `k` likeliest tokens at each place of each sample, from one teacher-forced pass over the prompt and
+        the sample (one turn), or None when the client left."""
+        # lazy: strop.types pulls in torch, numpy, which importing this module does not need
+        from strop import types
+        with turn():
+            if gone():
+                return None
+            texts = [prompt.append(types.EncodedTextChunk(tokens=seq.tokens)) for seq in sequences]
+            places = self.sampler.compute_topk_logprobs_many(texts, k).result()
+        return [rows[prompt.length:] for rows in places]
+
+    @functools.cached_property
+    def _describe(self):
+        return describer(self.renderer.tokenizer)
 
 
 def _refuse_busy(request: socket.socket, limit: int) -> None:
@@ -296,6 +266,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
+        self._turn_key = (self.client_address[0], next(self.server._connections))
         plain, self._reader = self.rfile, _DeadlineReader(self.connection)
         self.rfile = io.BufferedReader(self._reader)
         plain.close()
@@ -337,6 +308,17 @@ class _Handler(BaseHTTPRequestHandler):
     def send_error(self, code, message=None, explain=None):  # the standard library's refusals, in the same shape
         self._error(int(code), (message or HTTPStatus(code).phrase)[:200], close=True)
 
+    def _admitted(self) -> bool:
+        """Whether the request may be answered at all: addressed to this machine, not from a foreign web page,
+        with the key when one is set (`strop.serve.guard`); refused and answered otherwise."""
+        host = self.headers.get("Host")
+        problem = (host_problem(host, self.server.server_address[0])
+                   or origin_problem(self.headers.get("Origin"), host, self.server.allowed_origins))
+        if problem is not None:
+            self._error(403, problem, "permission_error", close=True)
+            return False
+        return self._authorised()
+
     def _authorised(self) -> bool:
         if self.server.api_key and self.headers.get("Authorization") != f"Bearer {self.server.api_key}":
             self._error(401, "missing or wrong API key (send Authorization: Bearer KEY)", "authentication_error",
@@ -345,7 +327,7 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def do_GET(self):
-        if not self._authorised():
+        if not self._admitted():
             return
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             self._send(200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model",
@@ -356,10 +338,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {self.path[:200]}; try /v1/chat/completions or /v1/models")
 
     def do_POST(self):
-        if not self._authorised():
+        if not self._admitted():
             return
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
             self._error(404, f"no route {self.path[:200]}; try /v1/chat/completions", close=True)
+            return
+        problem = content_type_problem(self.headers.get("Content-Type"))
+        if problem is not None:
+            self._error(415, problem, close=True)
             return
         data = self._body()
         if data is None:
@@ -370,7 +356,7 @@ class _Handler(BaseHTTPRequestHandler):
             except (ValueError, RecursionError) as exc:      # RecursionError: nested deeper than Python's stack
                 why = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
                 raise RequestError(f"the request body is not JSON ({why})") from None
-            reply = self.server.complete(body, gone=self._client_gone)
+            reply = self.server.complete(body, gone=self._client_gone, client=self._turn_key)
             if reply is None:                                 # the client left: nobody to answer
                 self.close_connection = True
                 return
@@ -432,9 +418,11 @@ def make_server(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_ke
                 adapter: str | None = None, base_path: str | None = None, name: str | None = None,
                 max_body: int = MAX_BODY, max_tokens_limit: int = MAX_TOKENS_LIMIT,
                 max_prompt_tokens: int | None = None, read_timeout: float = READ_TIMEOUT_S,
-                idle_timeout: float = IDLE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> ModelServer:
+                idle_timeout: float = IDLE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
+                allowed_origins: tuple[str, ...] = ()) -> ModelServer:
     """A server for `model` (a base model id or folder), optionally with a LoRA adapter directory on top. Prompts
-    over `max_prompt_tokens` are refused; by default, over the model's context."""
+    over `max_prompt_tokens` are refused; by default, over the model's context. Web pages at `allowed_origins`
+    (such as "http://my-ui.example:3000") may call it from a browser, besides those on this machine."""
     # lazy: strop.renderers pulls in torch, numpy, which importing this module does not need
     from strop.renderers import get_renderer
     base = base_path or model
@@ -448,4 +436,4 @@ def make_server(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_ke
                   f"a default of {DEFAULT_MAX_PROMPT_TOKENS}: the model's config.json names no context length")
     return ModelServer((host, port), sampler, renderer, name or model, api_key, max_body, max_tokens_limit,
                        max_prompt_tokens=max_prompt_tokens, prompt_limit_source=source, read_timeout=read_timeout,
-                       idle_timeout=idle_timeout, max_connections=max_connections)
+                       idle_timeout=idle_timeout, max_connections=max_connections, allowed_origins=allowed_origins)
