@@ -205,3 +205,70 @@ def test_strop_train_with_sampler_vllm_fails_before_loading_the_model(capsys, mo
     assert code == 1 and "the sampler is vllm" in err and 'pip install -e ".[vllm]"' in err
     assert "no-such-model" not in err and not (tmp_path / "r").exists()  # no model was looked for
     assert time.monotonic() - started < 30
+
+
+# ---- the same through the Tinker wire, and an environment's reward ----------------------------------------
+
+@pytest.fixture()
+def wire_sdk(tmp_path, monkeypatch):
+    """A `strop serve-tinker` on loopback and the unmodified tinker SDK pointed at it."""
+    pytest.importorskip("tinker", reason="the dev install brings the tinker SDK: pip install -e '.[dev]'")
+    from test_tinker_wire import start
+    server = start(tmp_path / "tinker")
+    monkeypatch.setenv("TINKER_BASE_URL", server.url)
+    monkeypatch.setenv("TINKER_API_KEY", "tml-alice")
+    yield server
+    server.stop()
+
+
+def test_the_tinker_wire_skips_a_non_finite_update_and_says_so(wire_sdk):
+    """Weights of 3e38 are finite, so the wire takes them; their loss overflows float32. The optim_step reply was a
+    NaN grad_norm, which JSON cannot carry, and every adapter weight became NaN."""
+    import tinker
+    from tinker import types as wire
+
+    client = tinker.ServiceClient().create_lora_training_client(base_model="strop/tiny-random", rank=4).result()
+    tokens = [1, 5, 9, 13, 17, 21]
+
+    def datum(weight: float):
+        return wire.Datum(model_input=wire.ModelInput.from_ints(tokens[:-1]),
+                          loss_fn_inputs={"target_tokens": tokens[1:], "weights": [weight] * (len(tokens) - 1)})
+
+    before = client.forward([datum(1.0)], "cross_entropy").result(timeout=120).metrics["loss:sum"]
+    fb = client.forward_backward([datum(3e38)], "cross_entropy").result(timeout=120)
+    assert fb.metrics["nonfinite_loss:sum"] == 1.0
+    optim = client.optim_step(wire.AdamParams(learning_rate=1e-2)).result(timeout=120)
+    assert optim.metrics["skipped_nonfinite"] == 1.0 and "grad_norm" not in optim.metrics
+    assert client.forward([datum(1.0)], "cross_entropy").result(timeout=120).metrics["loss:sum"] == before
+
+
+class HugeRewardEnv:
+    """A one-tool environment whose every answer is rewarded 1e39 (finite in float64, infinite in float32)."""
+
+    name, max_turns = "huge", 1
+
+    def tools(self):
+        return [{"type": "function", "function": {"name": "submit_answer", "parameters": {"type": "object"}}}]
+
+    def reset(self, task):
+        from strop.envs.base import Observation
+        return Observation("answer")
+
+    def step(self, call):
+        from strop.envs.base import Observation, StepResult
+        return StepResult(observation=Observation("done"), reward=1e39, done=True)
+
+    def state(self):
+        return {}
+
+
+def test_an_environments_reward_of_1e39_is_an_environment_error():
+    from strop.envs.base import Task
+    from strop.rl.episodes import ToolEpisode
+
+    episode = ToolEpisode(HugeRewardEnv(), Task(id="t", prompt="answer", answer="4", split="train"))
+    episode.start()
+    assert episode.act('<tool_call>{"name": "submit_answer", "arguments": {}}</tool_call>') is None
+    rollout = episode.finish([], [])
+    assert rollout.reward == 0.0 and rollout.failed == 1
+    assert "'huge' gave the reward 1e+39" in rollout.errors[0] and "1,000,000" in rollout.errors[0]
