@@ -199,6 +199,7 @@ def test_a_vllm_descriptor_without_vllm_is_refused_at_admission(workspace, capsy
 
 def test_strop_train_with_sampler_vllm_fails_before_loading_the_model(capsys, monkeypatch, tmp_path):
     no_vllm(monkeypatch, "/nowhere/python")
+    monkeypatch.setenv("STROP_SAMPLER", "auto")  # --sampler sets it for the command: put back after the test
     started = time.monotonic()
     code, _, err = run(capsys, "train", "--base-model", str(tmp_path / "no-such-model"), "--sampler", "vllm",
                        "--steps", "1", "--run-dir", str(tmp_path / "r"), "--quiet")
