@@ -103,8 +103,12 @@ class TrainerReplica:
         params = self.trainer.trainable_parameters()
         has = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        # a replica whose share had a non-finite loss skips the step: so must every other, or they drift apart
+        nonfinite = torch.tensor([float(self.trainer.pending_nonfinite)], device=params[0].device)
         dist.all_reduce(has, op=dist.ReduceOp.MAX)
+        dist.all_reduce(nonfinite)
         dist.all_reduce(flat)
+        self.trainer.pending_nonfinite = int(nonfinite.item())
         offset = 0
         for p, present in zip(params, has.tolist()):
             p.grad = flat[offset:offset + p.numel()].view_as(p) if present else None

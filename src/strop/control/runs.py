@@ -31,6 +31,7 @@ from strop.control.descriptor import SAMPLING_ONLY, RaySpec, RunDescriptor, load
 from strop.data import load_rows
 from strop.engine.precision import cuda_count, gpus_problem, run_device
 from strop.engine.resources import MemoryRefused
+from strop.engine.vllm_find import require_vllm
 from strop.envs import env_kind, find_env_module, get_env
 from strop.errors import StropError
 from strop.files import open_regular
@@ -81,6 +82,10 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
             reachable(descriptor.execution.ray.address)  # seconds, where joining a wrong address would hang
         except StropError as exc:
             problems.append(f"$.execution.ray.address: {exc}")
+    try:  # as the address is: a run asking for vLLM where there is none failed seconds after it started
+        require_vllm(descriptor.execution.sampler, descriptor.execution.ray)
+    except StropError as exc:
+        problems.append(f"$.execution.sampler: {exc}")
     if descriptor.config.environment is not None:
         env = descriptor.config.environment
         pinned["environment"] = {"name": env.name, "options": dict(env.options), "split": env.split}

@@ -24,6 +24,7 @@ from strop.control.eval_worker import grader_ref
 from strop.control.mirror import RunMirror
 from strop.control.runs import run_dir
 from strop.data import load_rows
+from strop.engine.finite import check_adapter_file
 from strop.evals import evaluate_sampler
 from strop.rl import run_grpo
 from strop.rl.checkpoints import sha256_file
@@ -160,6 +161,8 @@ def main(run_id: str) -> int:
                     result = run_grpo(config, folder, progress=False, on_eval=on_eval)
         finally:
             mirror.sync()  # every row and checkpoint written, whether the run finished, failed or was cancelled
+        # the trainer saves no NaN weights; this holds whatever wrote the folder: no model of NaNs is registered
+        check_adapter_file(result.final_adapter, f"register {result.final_adapter} as the run's model")
         sha = artifacts.put_dir(result.final_adapter)
         with session_scope(open_store()) as s:
             model = Model(run_id=run_id, base_model=run.base_model, adapter_path=str(result.final_adapter),

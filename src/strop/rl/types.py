@@ -89,7 +89,7 @@ class StepMetrics:
     klSampleTrain: float
     entropy: float | None
     loss: float
-    gradNorm: float
+    gradNorm: float | None   # None when the update was skipped
     learningRate: float
     terms: dict = field(default_factory=dict)
     ppoClippedFraction: float | None = None
@@ -101,6 +101,7 @@ class StepMetrics:
     rubrics: dict = field(default_factory=dict)
     offPolicySteps: int | None = None          # off-policy runs: updates between the weights that sampled and trained
     overlapSeconds: float | None = None        # off-policy runs: sampling done while an earlier step trained (saved)
+    updateSkipped: int = 0                     # 1 when the trainer skipped the update: its loss or gradient was NaN
 
     def as_row(self) -> dict:
         """The JSON row: every field by its name, `reward/NAME` and `rubric/NAME` flattened, absent optionals

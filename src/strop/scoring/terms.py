@@ -2,8 +2,9 @@
 
 Each `RewardTerm` names a grader and its weight. `score_terms` calls every grader on one completion and returns
 the raw score of each (for logging) and the weighted total (for the policy update). A grader that raises, or
-returns something other than a finite number, scores 0.0 for that completion and the problem is listed in
-`errors`: one broken grader must not stop a training run, but it must not be silent either.
+returns something other than a number in the score range (finite, |score| <= 1e6: `strop.scoring.score_range`),
+scores 0.0 for that completion and the problem is listed in `errors`: one broken grader must not stop a training
+run, but it must not be silent either.
 
     >>> from strop.scoring import terms_from_spec, score_terms
     >>> terms = terms_from_spec([
@@ -25,6 +26,7 @@ from typing import Any, Callable
 from strop.data.row import grader_context
 from strop.errors import StropError
 from strop.scoring.bundles import DEFAULT_FUNCTION, DEFAULT_MODULE, load_grader, split_ref
+from strop.scoring.score_range import SCORE_RANGE, score_problem
 
 SPEC_KEYS = ("name", "weight", "grader")
 
@@ -73,9 +75,11 @@ def score_terms(terms: list[RewardTerm], completion: str, row: Any, *, data_sour
             errors.append(f"reward term {term.name!r}{_from(term)} raised {type(e).__name__}: {e}")
             raw = 0.0
         value, problem = _as_score(raw)
+        problem = problem or score_problem(value)  # 1e39 is a float, but it made float32 rewards infinite
         if problem:
-            errors.append(f"reward term {term.name!r}{_from(term)} returned {problem}; a grader must return a "
-                          f"finite number (scored 0.0)")
+            errors.append(f"reward term {term.name!r}{_from(term)} returned {problem}; a grader must return "
+                          f"{SCORE_RANGE} (scored 0.0)")
+            value = 0.0
         scores[term.name] = value
         total += term.weight * value
     return TermScores(scores=scores, total=total, errors=errors)

@@ -34,6 +34,7 @@ from strop.rl.limits import LIMITS
 from strop.rl.config import DTYPE_CHOICES
 from strop.cluster.settings import RaySettings
 from strop.rl.metrics import RunLog, read_jsonl
+from strop.rl.skipped import SkippedUpdates
 from strop.rl.step import adam_params, training_client
 from strop.sft.data import Example, check_file, load_examples
 
@@ -156,6 +157,7 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
     (run_dir / "config.json").write_text(json.dumps({"method": "sft", **config.to_dict()}, indent=2))
     (run_dir / "engine.json").write_text(json.dumps(training.engine_facts(), indent=2))
     log = RunLog(run_dir, start_step=start)
+    skipped = SkippedUpdates(0.5, "a supervised run's limit")
     bar = tqdm(total=steps, initial=start, desc="SFT", unit="step", file=sys.stderr, dynamic_ncols=True) \
         if progress else None
     try:
@@ -174,12 +176,13 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
             row = {"step": step, "epoch": epoch, "loss": out.metrics["loss:sum"] / max(1, trained),
                    "trainedTokens": trained, "tokens": sum(len(e.tokens) for e in batch),
                    "tokensPerSecond": sum(len(e.tokens) for e in batch) / seconds if seconds > 0 else 0.0,
-                   "stepSeconds": seconds, "gradNorm": optim.get("grad_norm", 0.0),
-                   "learningRate": config.learning_rate}
+                   "stepSeconds": seconds, "gradNorm": optim.get("grad_norm"),  # None: the update was skipped
+                   "updateSkipped": int(optim.get("skipped_nonfinite", 0)), "learningRate": config.learning_rate}
             last = step + 1 == steps
             if held and (last or (config.eval_every and (step + 1) % config.eval_every == 0)):
                 row["evalLoss"] = held_out_loss(training, held, config.batch_size)
             log.write_step(row)
+            skipped.count(step, True, row["updateSkipped"], last=last)  # a run of NaN updates fails before it saves
             if bar is not None:
                 bar.set_postfix(loss=f"{row['loss']:.3f}", **({"eval": f"{row['evalLoss']:.3f}"}
                                                               if "evalLoss" in row else {}))
