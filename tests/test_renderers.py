@@ -72,3 +72,16 @@ def test_recommended_renderers_and_unknown_name(tokenizer):
     assert model_info.get_recommended_renderer_name("strop/tiny-random") == "chatml"
     with pytest.raises(StropError, match="unknown renderer 'llama9'.*chatml"):
         renderers.get_renderer("llama9", tokenizer)
+
+
+def test_qwen3_disable_thinking_trains_the_reply_after_its_empty_think_block(tokenizer):
+    # its generation header pre-fills a think block the rendered turn does not hold: the trained part was cut by
+    # the header's length (training 'm_end|>\n') and an SFT turn repeated its header after the think block
+    from strop.sft.data import render_conversation
+    r = renderers.get_renderer("qwen3_disable_thinking", tokenizer)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "It is 5."}]
+    mi, weights = r.build_supervised_example(messages)
+    tokens, sft_weights = render_conversation(r, messages)
+    for ids, w in ((mi.to_ints(), weights), (tokens, sft_weights)):
+        assert tokenizer.decode([t for t, x in zip(ids, w) if x]) == "It is 5.<|im_end|>\n"
+        assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nIt is 5.<|im_end|>\n")

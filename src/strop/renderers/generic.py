@@ -13,26 +13,27 @@ class ChatTemplateRenderer(Renderer):
 
     def build_generation_prompt(self, messages: list[Message], role: str = "assistant",
                                 prefill: str | None = None) -> ModelInput:
-        text = self.tokenizer.apply_chat_template(
-            [{"role": m["role"], "content": get_text_content(m)} for m in messages],
-            tokenize=False, add_generation_prompt=role == "assistant")
-        return ModelInput.from_ints(self.encode(text + (prefill or "")))
+        text = self.tokenizer.apply_chat_template(self._plain(messages), tokenize=False,
+                                                  add_generation_prompt=role == "assistant")
+        return ModelInput.from_ints(self.encode(text + self.guard.mark(prefill or "")))
 
     def build_tool_prompt(self, messages: list[Message], tools: list[dict]) -> ModelInput:
         """The template's own tool format when it has one (it mentions `tools`), else Hermes-style."""
         template = getattr(self.tokenizer, "chat_template", None) or ""
         if "tools" not in template:
             return super().build_tool_prompt(messages, tools)
-        text = self.tokenizer.apply_chat_template(
-            [{"role": m["role"], "content": get_text_content(m)} for m in messages], tools=tools,
-            tokenize=False, add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(self._plain(messages), tools=self.guard.mark(tools),
+                                                  tokenize=False, add_generation_prompt=True)
         return ModelInput.from_ints(self.encode(text))
 
     def build_supervised_example(self, messages: list[Message]) -> tuple[ModelInput, list[float]]:
         prompt = self.build_generation_prompt(messages[:-1]).to_ints()
-        full = self.encode(self.tokenizer.apply_chat_template(
-            [{"role": m["role"], "content": get_text_content(m)} for m in messages], tokenize=False))
+        full = self.encode(self.tokenizer.apply_chat_template(self._plain(messages), tokenize=False))
         return ModelInput.from_ints(full), [0.0] * len(prompt) + [1.0] * (len(full) - len(prompt))
+
+    def _plain(self, messages: list[Message]) -> list[Message]:
+        """Role and text of each message, special-token text in them marked (the template sees the rest as is)."""
+        return self.mark_content([{"role": m["role"], "content": get_text_content(m)} for m in messages])
 
     def get_stop_sequences(self) -> list[int]:
         eos = self.tokenizer.eos_token_id

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from strop.errors import DatasetError
 from strop.files import open_regular
+from strop.renderers.base import reply_body
 from strop.renderers.tools import (content_problem, content_text, hermes_messages, hermes_turn, tool_call_problem,
                                    tool_name)
 
@@ -53,11 +54,12 @@ class Example:
 def render_conversation(renderer, messages: list[dict], tools: list[dict] | None = None) -> tuple[list[int], list[float]]:
     """Tokens of the conversation and a weight per token: 1 on each assistant turn's body (its text and the
     token that ends the turn), 0 on everything else. Each part is encoded on its own, so the weights fall
-    exactly on the assistant's tokens."""
+    exactly on the assistant's tokens; a special token's text inside any turn is encoded as ordinary text."""
     shown = [hermes_turn(m) for m in messages]
     trained = [m.get("weight", 1) for m in messages if m["role"] == "assistant"]  # OpenAI's weight 0: not trained
     if tools:
         shown = hermes_messages(shown, tools)
+    shown = renderer.mark_content(shown)  # special-token text in a turn is trained as text, not as the token
     tokens, weights = [], []
     context = renderer.bos_text()
     for message in shown:
@@ -66,7 +68,7 @@ def render_conversation(renderer, messages: list[dict], tools: list[dict] | None
             continue
         header = renderer.generation_header("assistant")
         turn = renderer.render_turn(message)
-        body = turn[len(header):] if turn.startswith(header) else turn
+        body = reply_body(turn, header)
         before = renderer.encode(context + header)
         after = renderer.encode(body)
         tokens += before
