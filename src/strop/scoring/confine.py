@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -33,11 +34,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from strop.errors import StropError
+from strop.scoring import syscall_filter
 
 ALLOW_UNCONFINED_ENV = "STROP_ALLOW_UNCONFINED_GRADERS"
 BWRAP_ENV = "STROP_BWRAP"
+DATABASE_URL_ENV = "STROP_DATABASE_URL"  # the store's; its SQLite folder is hidden like $STROP_HOME
 # Never replaced by an empty folder even when $HOME or the working directory is one of them.
 SYSTEM_DIRS = frozenset({"/", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev",
                          "/sys", "/opt", "/var", "/nix", "/gnu"})
@@ -74,16 +78,19 @@ class Confinement:
     flags: tuple[str, ...] = tuple(BWRAP_FLAGS)
     run_as: int = -1  # the uid the worker takes before loading a bundle (root's sandboxes), -1 to keep its own
     note: str | None = None  # why a root sandbox keeps uid 0
+    seccomp: bool = False  # whether bwrap installs syscall_filter's program (no keyrings, no unix sockets)
 
     @property
     def confined(self) -> bool:
         return self.bwrap is not None
 
-    def wrap(self, argv: list[str], *, bundle: Path, hide: list[Path] = (), tmp_mb: int = 64) -> list[str]:
-        """`argv` run inside bubblewrap with the view the module docstring describes."""
+    def wrap(self, argv: list[str], *, bundle: Path, hide: list[Path] = (), tmp_mb: int = 64,
+             seccomp_fd: int | None = None) -> list[str]:
+        """`argv` run inside bubblewrap with the view the module docstring describes; `seccomp_fd` (from
+        `syscall_filter.filter_fd()`, passed to the child) holds the filter bwrap installs before starting it."""
         assert self.bwrap is not None
-        return [self.bwrap, *self.flags, *mount_plan(bundle=bundle, hide=hide, tmp_mb=tmp_mb), "--chdir", "/tmp",
-                "--", *argv]
+        return [self.bwrap, *self.flags, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
+                *mount_plan(bundle=bundle, hide=hide, tmp_mb=tmp_mb), "--chdir", "/tmp", "--", *argv]
 
     def require(self) -> None:
         """Raise UnconfinedError unless graders can be confined here or the user allowed unconfined ones."""
@@ -100,7 +107,8 @@ class Confinement:
         limits = (f"cgroup {self.cgroups} memory and process limits for the whole group" if self.cgroups else
                   f"per-process limits only ({self.cgroup_problem})")
         who = f"as uid {self.run_as}" if self.run_as >= 0 else f"as uid {os.getuid()}"
-        return f"bubblewrap {self.bwrap}, {who}{f' ({self.note})' if self.note else ''}; {limits}"
+        calls = "seccomp: no keyrings, unix sockets or io_uring" if self.seccomp else "no seccomp filter"
+        return f"bubblewrap {self.bwrap}, {who}{f' ({self.note})' if self.note else ''}; {calls}; {limits}"
 
 
 def unconfined_allowed() -> bool:
@@ -142,13 +150,14 @@ def _working_bwrap() -> dict:
     failures, note = [], None
     for bwrap in candidates:
         if os.geteuid() == 0:
-            problem = _probe(bwrap, ROOT_FLAGS, NOBODY)
+            problem, found = _probe_filtered(bwrap, ROOT_FLAGS, NOBODY)
             if problem is None:
-                return dict(bwrap=bwrap, problem=None, flags=tuple(ROOT_FLAGS), run_as=NOBODY)
+                return dict(bwrap=bwrap, problem=None, flags=tuple(ROOT_FLAGS), run_as=NOBODY, **found)
             note = f"graders keep uid 0: the sandbox as uid {NOBODY} failed ({problem})"
-        problem = _probe(bwrap, BWRAP_FLAGS, -1)
+        problem, found = _probe_filtered(bwrap, BWRAP_FLAGS, -1)
         if problem is None:
-            return dict(bwrap=bwrap, problem=None, note=note)
+            return dict(bwrap=bwrap, problem=None, **{**found, "note": "; ".join(filter(None, [note, found["note"]]))
+                                                        or None})
         failures.append(f"{bwrap}: {problem}")
     hint = ("the kernel may forbid unprivileged user namespaces: allow them (`sysctl -w "
             "kernel.unprivileged_userns_clone=1`, or on Ubuntu `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`),"
@@ -156,17 +165,38 @@ def _working_bwrap() -> dict:
     return dict(bwrap=None, problem=f"bubblewrap could not start a confined process ({'; '.join(failures)}); {hint}")
 
 
-def _probe(bwrap: str, flags: list[str], run_as: int) -> str | None:
+def _probe_filtered(bwrap: str, flags: list[str], run_as: int) -> tuple[str | None, dict]:
+    """_probe with the seccomp filter, else (no filter for this machine, or a kernel that refuses it) without:
+    (None or why it failed, the Confinement fields it found)."""
+    if syscall_filter.machine() is not None:
+        problem = _probe(bwrap, flags, run_as, seccomp=True)
+        if problem is None:
+            return None, dict(seccomp=True, note=None)
+        why = f"bwrap could not install it: {problem[-200:]}"
+    else:
+        why = f"strop has none for {platform.machine()}"
+    note = f"no seccomp filter ({why}), so keyrings and path unix sockets stay reachable"
+    return _probe(bwrap, flags, run_as, seccomp=False), dict(seccomp=False, note=note)
+
+
+def _probe(bwrap: str, flags: list[str], run_as: int, *, seccomp: bool = False) -> str | None:
     """None when `bwrap` with `flags` starts a Python that can import the worker (as `run_as`), else why not."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "HOME": "/tmp"}
-    argv = [bwrap, *flags, *mount_plan(bundle=None, hide=[], tmp_mb=1), "--chdir", "/tmp", "--",
+    fd = syscall_filter.filter_fd() if seccomp else None
+    if seccomp and fd is None:
+        return "os.memfd_create is missing, and bwrap reads the filter from one"
+    argv = [bwrap, *flags, *(["--seccomp", str(fd)] if fd is not None else []),
+            *mount_plan(bundle=None, hide=[], tmp_mb=1), "--chdir", "/tmp", "--",
             sys.executable, "-c", _PROBE, str(run_as)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL,
-                              env=env)
+                              env=env, pass_fds=(fd,) if fd is not None else ())
     except (OSError, subprocess.SubprocessError) as exc:
         return str(exc)
+    finally:
+        if fd is not None:
+            os.close(fd)
     if done.returncode == 0:
         return None
     return (done.stderr or done.stdout).strip()[-300:] or f"exit status {done.returncode}"
@@ -181,9 +211,24 @@ def _resolved(path) -> Path | None:
         return None
 
 
+def store_folder() -> Path | None:
+    """The folder of the SQLite file `$STROP_DATABASE_URL` names (a store shared outside `$STROP_HOME`), else None.
+    Read here rather than by the store's code, which scoring does not import; SQLAlchemy's form is
+    sqlite:///relative/path or sqlite:////absolute/path, optionally with a file: URI and a ?query."""
+    url = os.environ.get(DATABASE_URL_ENV, "").strip()
+    if not url.lower().startswith("sqlite"):
+        return None
+    database = unquote(url.partition("://")[2][1:].partition("?")[0]).removeprefix("file:")
+    if not database or database == ":memory:":
+        return None
+    return Path(database).parent
+
+
 def hidden_paths(extra: list[Path] = ()) -> list[Path]:
-    """Folders replaced by empty ones: strop's state, the home folder, the working directory, the caller's."""
-    paths = [os.environ.get("STROP_HOME") or Path.home() / ".strop", Path.home(), os.getcwd(), *extra]
+    """Folders replaced by empty ones: strop's state (and the folder of a SQLite store named elsewhere), the home
+    folder, the working directory, the caller's."""
+    paths = [os.environ.get("STROP_HOME") or Path.home() / ".strop", store_folder(), Path.home(), os.getcwd(), *extra]
+    paths = [p for p in paths if p is not None]
     hidden = []
     for path in map(_resolved, paths):
         while path is not None and not path.exists() and path != path.parent:
