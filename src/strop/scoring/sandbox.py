@@ -176,8 +176,8 @@ class _Worker:
                 _drop_capabilities()
 
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log.fd, env=env,
-                                         cwd=private if not conf.confined else "/", preexec_fn=prepare,
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log.fd,
+                                         env=env, cwd=private if not conf.confined else "/", preexec_fn=prepare,
                                          pass_fds=(seccomp_fd,) if seccomp_fd is not None else ())
         except BaseException:
             self.log.close()
