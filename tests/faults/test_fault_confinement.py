@@ -226,11 +226,19 @@ def test_the_view_hides_the_store_home_folder_working_directory_and_run_folder(t
     monkeypatch.setenv("STROP_HOME", str(state))
     monkeypatch.setenv("HOME", str(home_dir))
     monkeypatch.chdir(work)
+    (tmp_path / "beside").mkdir()
+    plan = confine.mount_plan(bundle=None, hide=[run_dir], tmp_mb=16)
+    pairs = list(zip(plan, plan[1:]))
+    for folder in (state, home_dir, work, run_dir):  # left out of the root bwrap builds: absent, not covered
+        assert str(folder) not in plan
+    assert ("--ro-bind", str(tmp_path / "beside")) in pairs and ("--dir", str(tmp_path)) in pairs
+    assert plan[-2:] == ["--remount-ro", "/"]  # everything else: read-only
+    monkeypatch.setattr(confine, "MAX_SIBLINGS", 0)  # a folder too large to list entry by entry: covered instead
     plan = confine.mount_plan(bundle=None, hide=[run_dir], tmp_mb=16)
     pairs = list(zip(plan, plan[1:]))
     for folder in (state, home_dir, work, run_dir):
         assert ("--tmpfs", str(folder)) in pairs and ("--remount-ro", str(folder)) in pairs
-    assert plan[:3] == ["--ro-bind", "/", "/"]  # everything else: read-only
+    assert plan[:3] == ["--ro-bind", "/", "/"]
 
 
 @needs_bwrap

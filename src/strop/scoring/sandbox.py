@@ -9,11 +9,12 @@ Each bundle version gets workers of its own (`python -m strop.scoring.sandbox_wo
 shares a process with another bundle's code. The bundle's content is pinned (sha256) when the pool first sees
 it, and each worker hashes it again before every import. A worker runs
 - under bubblewrap (`confine.py`): read-only filesystem with strop's store, the home folder, the working
-  directory and the run folder hidden, a private /tmp, no network, its own PID namespace, no capabilities;
+  directory and the run folder hidden, a private /tmp, no network, its own PID namespace, no capabilities, no
+  keyrings or unix sockets (a seccomp filter);
 - in a cgroup of its own where the machine allows (memory and process count of all its processes together),
   with an address-space limit on each process in any case;
 - with an environment built from an allow-list (no API keys, tokens or passwords of the parent get through),
-  its standard output taken for the protocol (a grader's prints go to its log).
+  its standard output taken for the protocol (a grader's prints go to its log, 64 kB of them per call).
 
 Each call runs in a process forked for it, which is killed with everything it started when the call ends; a
 call that does not answer within `timeout` seconds is killed the same way. Either failure raises
@@ -47,7 +48,8 @@ from pathlib import Path
 
 from strop.errors import StropError
 from strop.files import folder_sha256
-from strop.scoring import confine
+from strop.scoring import confine, syscall_filter
+from strop.scoring.grader_log import BoundedLog
 
 # What a grader process may see of the parent's environment; everything else (keys, tokens) stays out.
 ALLOWED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "PYTHONPATH", "SYSTEMROOT")
@@ -59,6 +61,7 @@ GRACE = 5.0             # beyond the worker's own deadline before the pool kills
 
 
 PR_SET_DUMPABLE, PR_CAPBSET_DROP = 4, 24
+KEYCTL_JOIN_SESSION_KEYRING = 1
 
 
 def _libc():
@@ -68,7 +71,11 @@ def _libc():
         # lazy: optional, its absence is handled here
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc if hasattr(libc, "prctl") else None
+        if not hasattr(libc, "prctl"):
+            return None
+        if hasattr(libc, "syscall"):  # syscall(number, operation, argument): each a long, as the kernel reads them
+            libc.syscall.argtypes, libc.syscall.restype = [ctypes.c_long] * 3, ctypes.c_long
+        return libc
     except OSError:
         return None
 
@@ -90,6 +97,15 @@ def _drop_capabilities() -> None:
         for cap in range(64):
             if _LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
                 break  # EINVAL past the last capability, EPERM without CAP_SETPCAP: nothing more to do
+
+
+def _new_session_keyring() -> None:
+    """keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL): the worker gets an empty session keyring of its own, so the keys of
+    whoever started strop are not its to find (the seccomp filter refuses keyring calls anyway; this also keeps
+    them out of /proc/keys). Best effort: a kernel without keyrings has nothing to leak."""
+    number = syscall_filter.keyctl_number()
+    if _LIBC is not None and number is not None and hasattr(_LIBC, "syscall"):
+        _LIBC.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, 0)
 
 
 def _readable_by_others(root: Path) -> bool:
@@ -137,13 +153,14 @@ class _Worker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
         argv = [sys.executable, "-m", "strop.scoring.sandbox_worker", str(bundle.mount), bundle.sha256,
                 str(pool.processes if conf.confined else 0), str(conf.run_as if conf.confined else -1)]
+        seccomp_fd = syscall_filter.filter_fd() if conf.confined and conf.seccomp else None
         if conf.confined:
-            argv = conf.wrap(argv, bundle=bundle.mount, hide=pool.hide, tmp_mb=pool.tmp_mb)
+            argv = conf.wrap(argv, bundle=bundle.mount, hide=pool.hide, tmp_mb=pool.tmp_mb, seccomp_fd=seccomp_fd)
         self.limit = confine.GroupLimit.create(memory_mb=pool.memory_mb, processes=pool.processes) \
             if conf.confined else None
         self.oom_before = 0
-        self.log_path = pool.log_dir / f"worker-{time.monotonic_ns()}.log"
-        self.log = open(self.log_path, "wb")
+        # the grader's prints, at most grader_log.PER_REQUEST bytes of them per call
+        self.log = BoundedLog(pool.log_dir / f"worker-{time.monotonic_ns()}.log")
         memory = pool.memory_mb * 1024 * 1024
         limit, confined = self.limit, conf.confined
 
@@ -152,25 +169,32 @@ class _Worker:
             import resource
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
             os.setsid()  # its own process group and session
+            _new_session_keyring()
             if limit is not None:
                 limit.join()
             if not confined:
                 _drop_capabilities()
 
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
-                                         cwd=private if not conf.confined else "/", preexec_fn=prepare)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log.fd,
+                                         env=env, cwd=private if not conf.confined else "/", preexec_fn=prepare,
+                                         pass_fds=(seccomp_fd,) if seccomp_fd is not None else ())
         except BaseException:
             self.log.close()
             if self.limit is not None:
                 self.limit.remove()
             raise
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+        self.log.started()
         self.buffer = b""
         self.loaded: set[tuple[str, str]] = set()
 
     def call(self, request: dict, timeout: float) -> dict:
         if self.limit is not None:
             self.oom_before = self.limit.oom_kills()
+        self.log.next_request()
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         deadline = time.monotonic() + timeout
@@ -213,7 +237,7 @@ class _Worker:
         code = self.proc.wait()
         self._release()
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-        tail = self.log_path.read_bytes()[-400:].decode(errors="replace").strip()
+        tail = self.log.tail(400).decode(errors="replace").strip()
         return f"the grader's worker process died ({how})" + (f"; its last output: {tail}" if tail else "")
 
     def _release(self) -> None:

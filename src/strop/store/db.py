@@ -217,6 +217,7 @@ def _make_sqlite_engine(url: URL) -> Engine:
     uri = str(url.query.get("uri", "")).lower() in ("true", "1")
     if not memory and not uri:
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        _create_private(Path(database))
     kwargs = {"poolclass": StaticPool} if memory else {}
     engine = create_engine(
         url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S}, **kwargs
@@ -224,6 +225,18 @@ def _make_sqlite_engine(url: URL) -> Engine:
     event.listen(engine, "connect", _sqlite_connect)
     event.listen(engine, "begin", _sqlite_begin)
     return engine
+
+
+def _create_private(path: Path) -> None:
+    """A new store file readable by its owner alone (SQLite gives its -wal and -shm files the same mode): a grader
+    or another user of the machine must not read the registry's contents. An existing file keeps its mode, so a
+    store deliberately shared with a group stays shared."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError:
+        pass  # a folder we cannot write: SQLite's own open will say so with the path
 
 
 def _sqlite_connect(dbapi_connection, _record) -> None:
