@@ -86,7 +86,8 @@ def test_defaults_are_written_back_and_round_trip():
     data = run.to_dict()
     assert data["config"]["rlHyperparams"]["batchSize"] == 8
     assert data["config"]["rlHyperparams"]["optimizer"] == {"learningRate": 1e-5, "weightDecay": 0.0,
-                                                            "gradClipNorm": 1.0}
+                                                            "gradClipNorm": 1.0, "warmupSteps": 0}
+    assert data["config"]["rlHyperparams"]["klReference"] == "start"
     assert data["config"]["evalEvery"] is None
     assert validate_descriptor(data) == run
 

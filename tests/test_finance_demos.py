@@ -15,9 +15,9 @@ from test_control import home  # noqa: F401 - a fresh STROP_HOME
 TOOL_NAMES = {"list_tables", "describe_table", "run_sql", "submit_answer"}
 
 
-def replay(messages: list[dict]) -> tuple[float, dict, dict]:
+def replay(messages: list[dict], companies: int = 3) -> tuple[float, dict, dict]:
     """Every tool call of a transcript, run again in a fresh environment: (reward, final state, its task)."""
-    env = FinanceSQLEnv(seed=0, companies=3)
+    env = FinanceSQLEnv(seed=0, companies=companies)
     try:
         task_id = None
         reward = 0.0
@@ -98,3 +98,57 @@ def test_the_scripted_query_answers_every_question_of_every_split():
                 assert submitted.rstrip("%") == shown.splitlines()[1] and query.startswith("SELECT")
     finally:
         env.close()
+
+
+def test_a_mistake_is_shown_but_not_trained_and_companies_spread_the_tasks(home, tiny_model_dir, tmp_path,  # noqa: F811
+                                                                         capsys):
+    """The deliberate mistake's assistant turn carries "weight": 0: the SFT datum built from the file gives its
+    tokens zero loss weight, while the error it caused stays in the context and the recovery is trained.
+    --companies spreads the tasks over that many training companies, and each transcript still replays correct."""
+    from strop import model_info
+    from strop.renderers import get_renderer
+    from strop.sft.data import load_examples
+    from strop.sft.loop import example_datum
+    from strop.tokenizer_utils import get_tokenizer
+
+    out = tmp_path / "demos.jsonl"
+    assert main(["envs", "demos", "finance-sql", "--n", "16", "--mistakes", "1", "--companies", "5",
+                 "-o", str(out)]) == 0
+    assert "from 5 of 5 training companies" in capsys.readouterr().out
+    demos = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(demos) == 16 and all(d["mistake"] for d in demos)
+    assert {d["task"].split("/")[3] for d in demos} == {f"c{i}" for i in range(5)}   # train companies c0..c4
+    wrong_queries = []
+    for demo in demos:
+        assistant = [m for m in demo["messages"] if m["role"] == "assistant"]
+        untrained = [m for m in assistant if m.get("weight", 1) == 0]
+        [mistake] = untrained                                  # one turn, and it is the mistaken query
+        at = demo["messages"].index(mistake)
+        assert demo["messages"][at + 1]["content"].startswith("Error")   # its error stays in the transcript
+        wrong_queries.append(json.loads(mistake["tool_calls"][0]["function"]["arguments"])["query"])
+        reward, state, _ = replay(demo["messages"], companies=5)
+        assert state["correct"] is True and reward >= 1.0 and state["recoveries"] == 1, demo["task"]
+
+    renderer = get_renderer(model_info.get_recommended_renderer_name(str(tiny_model_dir)),
+                            get_tokenizer(str(tiny_model_dir)))
+    examples = load_examples(out, renderer, max_seq_length=8192)
+    for example, demo, wrong in zip(examples, demos, wrong_queries):
+        datum = example_datum(example)
+        targets = datum.loss_fn_inputs["target_tokens"].to_torch().tolist()
+        weights = datum.loss_fn_inputs["weights"].to_torch().tolist()
+        trained = renderer.tokenizer.decode([t for t, w in zip(targets, weights) if w])
+        shown = renderer.tokenizer.decode([t for t, w in zip(targets, weights) if not w])
+        right = [json.loads(c["function"]["arguments"])["query"] for m in demo["messages"]
+                 for c in m.get("tool_calls") or [] if c["function"]["name"] == "run_sql"][-1]
+        assert json.dumps(wrong) not in trained and json.dumps(wrong) in shown   # read as context, never learnt
+        assert json.dumps(right) in trained and "submit_answer" in trained and "list_tables" in trained
+        assert "Error" in shown and "Error" not in trained
+
+
+def test_companies_out_of_range_or_too_few_for_n_are_refused(home, tmp_path, capsys):  # noqa: F811
+    assert main(["envs", "demos", "finance-sql", "--companies", "0", "-o", str(tmp_path / "a.jsonl")]) == 1
+    assert main(["envs", "demos", "finance-sql", "--companies", "81", "-o", str(tmp_path / "b.jsonl")]) == 1
+    assert main(["envs", "demos", "finance-sql", "--n", "400", "--companies", "1", "-o", str(tmp_path / "c.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("--companies must be from 1 to 80") == 2 and "raise --companies or lower --n" in err
+    assert not [p for p in tmp_path.iterdir() if p.name != "home"]

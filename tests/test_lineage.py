@@ -23,6 +23,10 @@ def test_a_run_continues_from_a_tuned_model(workspace, capsys):  # noqa: F811
     assert code == 0, err
     pinned = json.loads(out)["pinned"]["baseModel"]
     assert pinned["id"] == "strop/tiny-random" and pinned["initModel"]["modelId"] == first["modelId"]
+    # the KL reference is the tuned model the run starts from, pinned by name with the settings of what it learns from
+    assert json.loads(out)["pinned"]["rl"] == {"klReference": "start", "klReferenceModel": first["modelId"],
+                                               "varianceOn": None, "warmupSteps": 0,
+                                               "dynamicSampling": {"enabled": False, "maxTasksPerStep": None}}
     second = _finished(capsys, second_path)
     assert second["baseModel"] == "strop/tiny-random"
     assert second["lineage"] == [{"baseModel": "strop/tiny-random"},

@@ -70,10 +70,13 @@ def register(nouns) -> None:
                     "results as role tool). A scripted agent solves each task the way a good agent would (list the "
                     "tables, describe the ones it needs, query them, submit the number); in a --mistakes share of "
                     "episodes it first uses a table or column name that does not exist, reads the error and "
-                    "recovers. Every transcript is played against the environment, and only answers it scored "
+                    "recovers (the mistaken turn carries \"weight\": 0, so a warm start learns the recovery, not the "
+                    "mistake). --companies spreads the transcripts over that many training companies, so a model "
+                    "reads each company's figures rather than memorising a few. Every transcript is played against the environment, and only answers it scored "
                     "correct are kept. The evaluation splits are never demonstrated.",
         epilog="examples:\n  strop envs demos finance-sql --n 300 -o demos.jsonl\n"
-               "  strop envs demos finance-sql --n 1000 --mistakes 0.4 --seed 1 -o more.jsonl",
+               "  strop envs demos finance-sql --n 1000 --mistakes 0.4 --seed 1 -o more.jsonl\n"
+               "  strop envs demos finance-sql --n 300 --companies 20 -o spread.jsonl",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     demos.add_argument("name", metavar="ENV", help="an environment with a scripted agent: finance-sql")
     demos.add_argument("-o", "--out", required=True, type=Path, help="the .jsonl file to write (must not exist)")
@@ -82,6 +85,9 @@ def register(nouns) -> None:
     demos.add_argument("--mistakes", type=float, default=0.25,
                        help="share of episodes that make a mistake and recover, 0 to 1 (default: %(default)s)")
     demos.add_argument("--seed", type=int, default=0, help="environment seed (default: %(default)s)")
+    demos.add_argument("--companies", type=int, metavar="N",
+                       help="draw the tasks from N training companies, 1 to 80 (default: as few as hold --n tasks); "
+                            "the evaluation splits' companies are never drawn")
     demos.set_defaults(handler=_demos)  # -o is the file here, so no output-format flags
 
     serve = verbs.add_parser(
@@ -221,10 +227,20 @@ def _demos(args) -> int:
     if args.out.exists():
         raise StropError(f"{args.out} exists; choose another -o (demonstrations are never written over a file)")
     per_company = len(FinanceSQLEnv(seed=args.seed).tasks("train"))
-    companies = min(MAX_COMPANIES, -(-args.n // per_company))
+    companies = min(MAX_COMPANIES, -(-args.n // per_company)) if args.companies is None else args.companies
+    if not 1 <= companies <= MAX_COMPANIES:
+        raise StropError(f"--companies must be from 1 to {MAX_COMPANIES} (the training companies there are), got "
+                         f"{companies}")
+    # each split has its own companies (strop.envs.finance_data), so any number of train companies leaves the
+    # evaluation splits' unseen; the tasks of all of them are shuffled together, so the first --n spread evenly
     env = FinanceSQLEnv(seed=args.seed, companies=companies)
+    if args.split == "train" and len(env.tasks("train")) < args.n:
+        env.close()
+        raise StropError(f"--companies {companies} hold {len(env.tasks('train'))} train tasks, fewer than --n "
+                         f"{args.n}; raise --companies or lower --n")
     partial = args.out.with_name(f".{args.out.name}.partial")
     written = mistakes = recovered = 0
+    drawn_from = set()
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with open(partial, "w", encoding="utf-8") as f:
@@ -233,12 +249,13 @@ def _demos(args) -> int:
                 written += 1
                 mistakes += demo["mistake"]
                 recovered += demo["state"].get("recoveries", 0) > 0
+                drawn_from.add(demo["task"].split("/")[3])  # finance-sql/s0/train/c12/q003: its company
         os.replace(partial, args.out)  # a failure part-way leaves no half-written file under the name asked for
     finally:
         partial.unlink(missing_ok=True)
         env.close()
     print(f"wrote {written} demonstrations to {args.out} ({mistakes} with a mistake, {recovered} recovered; "
-          f"{companies} compan{'y' if companies == 1 else 'ies'})")
+          f"from {len(drawn_from)} of {companies} training compan{'y' if companies == 1 else 'ies'})")
     return 0
 
 

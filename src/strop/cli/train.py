@@ -49,7 +49,25 @@ def register(nouns) -> None:
     p.add_argument("--lr", type=float, default=1e-4, help="learning rate (default: %(default)s)")
     p.add_argument("--rank", type=int, default=32, help="LoRA rank (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
-    p.add_argument("--kl-beta", type=float, default=0.0, help="KL penalty to the base model (default: %(default)s)")
+    p.add_argument("--kl-beta", type=float, default=0.0,
+                   help="KL penalty to the reference model, --kl-reference (default: %(default)s)")
+    p.add_argument("--kl-reference", choices=("start", "base"),
+                   help="what --kl-beta measures drift from: start, the model the run started from (the "
+                        "--init-adapter's weights; the base model without one), or base, the base model with the "
+                        "adapter off (default: start)")
+    p.add_argument("--variance-on", metavar="TERM",
+                   help="judge a group informative by the spread of this reward term (a --reward's name, or an "
+                        "environment's term such as correctness) instead of the total reward; a group with none is "
+                        "dropped")
+    p.add_argument("--dynamic-sampling", action="store_true",
+                   help="DAPO's dynamic sampling: draw further prompts until --batch-size groups have reward "
+                        "variance (or --max-tasks-per-step were drawn); metrics record tasksDrawn, groupsKept and "
+                        "groupsDropped")
+    p.add_argument("--max-tasks-per-step", type=int, metavar="N",
+                   help="the most prompts dynamic sampling draws for a step, its batch included (default: 4 x "
+                        "--batch-size)")
+    p.add_argument("--warmup-steps", type=int, metavar="N",
+                   help="raise the learning rate linearly over the first N steps (default: 0, no warm-up)")
     p.add_argument("--loss", default="importance_sampling", choices=LOSS_FNS,
                    help="policy loss (default: %(default)s)")
     p.add_argument("--scale-by-std", action="store_true", help="divide advantages by the group's reward std")
@@ -114,7 +132,9 @@ FLAG_FIELDS = {"--base-model": "base_model", "--dataset": "dataset", "--limit": 
                "--keep-adapters": "keep_adapters", "--seed": "seed", "--init-adapter": "init_adapter",
                "--dtype": "dtype", "--rollout-correction": "rollout_correction",
                "--rollout-correction-cap": "rollout_correction_cap", "--sampler": "sampler",
-               "--max-off-policy-steps": "max_off_policy_steps"}
+               "--max-off-policy-steps": "max_off_policy_steps", "--kl-reference": "kl_reference",
+               "--variance-on": "variance_on", "--dynamic-sampling": "dynamic_sampling",
+               "--max-tasks-per-step": "max_tasks_per_step", "--warmup-steps": "warmup_steps"}
 RAY_FLAGS = "--ray-address/--samplers/--trainers"
 
 
@@ -163,7 +183,8 @@ def parse_reward(spec: str) -> dict:
 # flags only GRPO reads: refused with --method sft when set to anything but their default
 GRPO_ONLY = ("--limit", "--reward", "--group-size", "--max-tokens", "--temperature", "--kl-beta", "--loss",
              "--scale-by-std", "--system-prompt", "--question-suffix", "--rollout-correction",
-             "--rollout-correction-cap", "--sampler", "--samplers", "--max-off-policy-steps")
+             "--rollout-correction-cap", "--sampler", "--samplers", "--max-off-policy-steps", "--kl-reference",
+             "--variance-on", "--dynamic-sampling", "--max-tasks-per-step", "--warmup-steps")
 
 
 def run(args) -> int:

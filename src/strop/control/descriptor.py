@@ -46,6 +46,7 @@ from strop.cluster.settings import ADDRESS_HELP, address_ok
 from strop.errors import StropError
 from strop.files import FileKindError, open_regular
 from strop.names import escape_hidden, label_problem, registry_name_problem, registry_ref_problem
+from strop.control.descriptor_sampling import sampling_problems
 from strop.rl.config import GRPOConfig
 from strop.rl.limits import LIMITS
 from strop.scoring.bundles import BUILTINS
@@ -119,6 +120,13 @@ class OptimizerSpec(_Strict):
     learning_rate: float = _limited("learning_rate")
     weight_decay: float = _limited("weight_decay", 0.0)
     grad_clip_norm: float = _limited("grad_clip_norm", 1.0, unit="(0: no clipping)")
+    warmup_steps: int = _limited("warmup_steps", 0, unit="of steps (0: no warm-up)")
+
+
+class DynamicSamplingSpec(_Strict):
+    # DAPO's dynamic sampling (strop.rl.dynamic_sampling): further tasks until batchSize groups have variance
+    enabled: bool = _field(False, accepts="true or false")
+    max_tasks_per_step: int | None = _limited("max_tasks_per_step", None, optional=True)
 
 
 class RLHyperparams(_Strict):
@@ -133,6 +141,14 @@ class RLHyperparams(_Strict):
     batch_size: int = _limited("batch_size", 8)
     lora: LoraSpec
     optimizer: OptimizerSpec
+    kl_reference: Literal["start", "base"] = _field(
+        "start", accepts='"start" (the model the run started from: a tuned baseModel\'s adapter, else the base '
+                         'model) or "base" (the base model, adapter off)')
+    variance_on: Label | None = _field(None, accepts="a reward term's name (an environment's: a term its episodes "
+                                                     "report, e.g. \"correctness\"), or null for the total reward")
+    dynamic_sampling: DynamicSamplingSpec = _field(
+        default_factory=DynamicSamplingSpec, accepts='{"enabled": true, "maxTasksPerStep": N}: draw further tasks '
+                                                     'until batchSize groups have variance')
 
 
 class SFTHyperparams(_Strict):
@@ -476,6 +492,7 @@ def cross_field_problems(data: Any) -> list[str]:
 
     config = child(data, "config", dict)
     hp = child(config, "rlHyperparams", dict)
+    problems += sampling_problems(hp)
     seq, completion = config.get("maxSeqLength"), hp.get("maxCompletionLength")
     in_range = all(_is_int(v, least=0) and LIMITS[name].problem(v) is None
                    for name, v in (("max_seq_length", seq), ("max_completion_length", completion)))

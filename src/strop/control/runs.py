@@ -131,6 +131,13 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
                 except StropError as exc:
                     problems.append(f"$.config.reward.terms[{i}].module: {exc}")
         pinned["terms"].append(entry)
+    hp = descriptor.config.rl_hyperparams
+    if descriptor.config.method == "grpo" and hp is not None:
+        pinned["rl"] = rl_settings(descriptor, pinned)
+        names = descriptor.term_names()
+        if hp.variance_on is not None and descriptor.config.environment is None and hp.variance_on not in names:
+            problems.append(f"$.config.rlHyperparams.varianceOn: {hp.variance_on!r} is not one of the reward terms "
+                            f"({', '.join(names)}); name one of them, or null for the total reward")
     if any(not term.is_builtin for term in terms):
         try:
             confine.detect().require()  # refused here, with the reason, not in the background worker
@@ -151,6 +158,20 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
     if problems:
         raise RunError("run not admitted:\n  " + "\n  ".join(problems))
     return pinned
+
+
+def rl_settings(descriptor: RunDescriptor, pinned: dict) -> dict:
+    """The GRPO settings that decide what a step learns from, as the run will use them: the KL reference by name
+    (the tuned model the run starts from, or the base model), which term judges a group informative, dynamic
+    sampling and the learning-rate warm-up."""
+    hp, base = descriptor.config.rl_hyperparams, pinned.get("baseModel") or {}
+    start = (base.get("initModel") or {}).get("modelId") or base.get("id", descriptor.base_model)
+    sampling = hp.dynamic_sampling
+    return {"klReference": hp.kl_reference, "klReferenceModel": start if hp.kl_reference == "start" else
+            base.get("id", descriptor.base_model), "varianceOn": hp.variance_on,
+            "dynamicSampling": {"enabled": sampling.enabled, "maxTasksPerStep": sampling.max_tasks_per_step
+                                or (4 * hp.batch_size if sampling.enabled else None)},
+            "warmupSteps": hp.optimizer.warmup_steps}
 
 
 def _probe_environment(env, get_env) -> list[str]:

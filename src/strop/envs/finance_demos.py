@@ -10,7 +10,9 @@ formula and rounded to the precision asked for), and the agent submits the numbe
 model cannot divide 172.2 by 145.4 in its head, but it can learn to write the query and copy its result; and the
 same pattern, a subquery per value, answers a question whose values sit in two tables. In a `mistakes` share of
 episodes the agent first makes the mistake a model makes (a column or table name that does not exist), reads
-the error and recovers with the right query, so recovering is something a model can learn. Every episode is
+the error and recovers with the right query, so recovering is something a model can learn. The mistaken turn
+itself carries OpenAI's `"weight": 0`, so a warm start reads it (and the error it caused) as context but never
+learns to write it: what is trained is the recovery. Every episode is
 played against the environment itself: its tool results are the environment's, and a demonstration is kept
 only when the environment scored the answer correct.
 
@@ -62,13 +64,16 @@ def play_demonstration(env, task: Task, *, mistake: bool, rng: random.Random) ->
     messages = [{"role": "user", "content": first.content}]
     calls = 0
 
-    def call(name: str, arguments: dict) -> str:
+    def call(name: str, arguments: dict, trained: bool = True) -> str:
         nonlocal calls
         call_id = f"call_{calls}"
         calls += 1
         result = env.step(ToolCall(name, arguments, call_id))
-        messages.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]})
+        turn = {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+        # a deliberate mistake is shown, not taught: supervised training on it at full weight taught the model
+        # to invent `revenues` and `income` as often as it taught it to recover from them
+        messages.append(turn if trained else {**turn, "weight": 0})
         messages.append({"role": "tool", "tool_call_id": call_id, "content": result.observation.content})
         return result.observation.content
 
@@ -79,7 +84,7 @@ def play_demonstration(env, task: Task, *, mistake: bool, rng: random.Random) ->
         call("describe_table", {"table": table})
     sql = answer_query(task.meta["formula"], terms, task.meta["unit"])
     if mistake:
-        call("run_sql", {"query": _mistaken(sql, rng.choice(tables), rng)})
+        call("run_sql", {"query": _mistaken(sql, rng.choice(tables), rng)}, trained=False)
     shown = call("run_sql", {"query": sql})
     call("submit_answer", {"answer": _copied(shown, task.meta["unit"])})
     return {"messages": messages, "tools": env.tools(), "task": task.id, "mistake": mistake,

@@ -20,6 +20,9 @@ from strop.engine.samplers import CHOICES as SAMPLER_CHOICES
 from strop.errors import StropError
 from strop.engine.losses import POLICY_LOSSES
 from strop.rl.limits import LIMITS
+from strop.rl.dynamic_sampling import sampling_problems
+
+KL_REFERENCES = ("start", "base")
 
 LOSS_FNS = POLICY_LOSSES  # the engine's policy-gradient losses (strop.engine.losses)
 
@@ -57,6 +60,9 @@ class GRPOConfig:
     weight_decay: float = _help("AdamW weight decay", 0.0, descriptor=_HP + "optimizer.weightDecay")
     grad_clip_norm: float = _help("clip the gradient to this global norm (0: no clipping)", 1.0,
                                   descriptor=_HP + "optimizer.gradClipNorm")
+    warmup_steps: int = _help("raise the learning rate linearly over the first N steps (step s uses learning_rate x "
+                              "(s + 1) / N); 0: the full rate from the first step", 0,
+                              descriptor=_HP + "optimizer.warmupSteps")
     lora_rank: int = _help("LoRA rank", 32, descriptor=_HP + "lora.rank")
     lora_alpha: float | None = _help("LoRA alpha (None: equal to the rank, a scale of 1)", None,
                                      descriptor=_HP + "lora.alpha")
@@ -71,8 +77,23 @@ class GRPOConfig:
     max_completion_length: int = _help("most tokens per completion", 256, descriptor=_HP + "maxCompletionLength")
     max_seq_length: int | None = _help("refuse prompts longer than this minus max_completion_length", None,
                                        descriptor="config.maxSeqLength")
-    kl_beta: float = _help("weight of the KL penalty to the base model (adapter off); 0 disables it", 0.0,
+    kl_beta: float = _help("weight of the KL penalty to the reference model (kl_reference); 0 disables it", 0.0,
                            descriptor=_HP + "klBeta")
+    kl_reference: str = _help("what the KL penalty measures drift from: start, the model the run started from "
+                              "(init_adapter's weights, a frozen copy; the base model when there is none), or base, "
+                              "the base model with the adapter off (a run from a warm start then pays for keeping "
+                              "what the warm start learnt)", "start", descriptor=_HP + "klReference")
+    variance_on: str | None = _help("the reward term whose spread within a group decides whether the group teaches "
+                                    "anything (for an environment, a term its episodes report, e.g. finance-sql's "
+                                    "correctness); None: the total reward. A group whose episodes all score the same "
+                                    "on it is dropped", None, descriptor=_HP + "varianceOn")
+    dynamic_sampling: bool = _help("DAPO's dynamic sampling: when groups are dropped for zero variance, draw further "
+                                   "tasks (at random, seeded per step) until batch_size groups have variance or "
+                                   "max_tasks_per_step tasks were drawn; metrics record tasksDrawn, groupsKept and "
+                                   "groupsDropped", False, descriptor=_HP + "dynamicSampling.enabled")
+    max_tasks_per_step: int | None = _help("the most tasks dynamic sampling draws for one step, its first batch "
+                                           "included (None: 4 x batch_size)", None,
+                                           descriptor=_HP + "dynamicSampling.maxTasksPerStep")
     scale_by_std: bool = _help("divide group-centred advantages by the group's reward std", False)
     loss_fn: str = _help(f"policy loss: one of {', '.join(LOSS_FNS)}", "importance_sampling")
     loss_fn_config: dict = _help("loss options, e.g. {'clip_low_threshold': 0.8, 'clip_high_threshold': 1.2}", factory=dict)
@@ -167,6 +188,9 @@ class GRPOConfig:
         if self.rollout_correction == "tis" and self.loss_fn not in POLICY_LOSSES:
             p.append(("rollout_correction", f"tis corrects a policy loss ({', '.join(POLICY_LOSSES)}), not "
                                             f"{self.loss_fn!r}"))
+        if self.kl_reference not in KL_REFERENCES:
+            p.append(("kl_reference", f"must be one of {', '.join(KL_REFERENCES)}, got {self.kl_reference!r}"))
+        p.extend(sampling_problems(self))
         if self.dtype not in DTYPE_CHOICES:
             p.append(("dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}"))
         if self.sampler not in SAMPLER_CHOICES:

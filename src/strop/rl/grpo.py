@@ -40,6 +40,8 @@ from strop.rl.episodes import EnvironmentSource, EnvPool, ProblemSource, problem
 from strop.rl.metrics import RunLog, read_jsonl
 from strop.rl.ahead import SampleAhead
 from strop.rl.skipped import SkippedUpdates
+from strop.rl.dynamic_sampling import TaskDraws
+from strop.rl.reference import reference_sampler
 from strop.rl.step import StepContext, adam_params, learn_step, train_step, training_client
 from strop.scoring import terms_from_spec
 from strop.scoring.sandbox import SandboxPool
@@ -194,7 +196,7 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
         check_prompt_lengths(renderer, items, config)
     memory = plan(config, renderer, items, env=pool.first if pool is not None else None, service=service)
     training.set_micro_batch_tokens(memory["tokensPerMicroBatch"])
-    base_sampler = service.create_sampling_client(base_model=config.base_model) if config.kl_beta > 0 else None
+    base_sampler = reference_sampler(service, config)  # the KL reference, read before a resume loads a checkpoint
 
     start_step = checkpoints.resume(training, run_dir)
     config.save(run_dir / "config.json")
@@ -208,7 +210,8 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
     batches = StepBatches(len(items), config)
     log = RunLog(run_dir, start_step=start_step)
     ctx = StepContext(config=config, training=training, renderer=renderer, source=source, adam=adam_params(config),
-                      log=log, base_sampler=base_sampler)
+                      log=log, base_sampler=base_sampler,
+                      draw=TaskDraws(items, config.seed) if config.dynamic_sampling else None)
     bar = _progress(len(batches), start_step, progress)
     skipped = SkippedUpdates(config.max_reward_error_fraction)
     ahead = None

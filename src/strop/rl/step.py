@@ -5,13 +5,16 @@ metrics row.
     metrics = train_step(ctx, step=0, items=rows[:8], epoch=0)      # a StepMetrics; metrics.as_row() is logged
 
 Each item (a row or a task) starts `group_size` episodes; each rollout's advantage is its reward minus its
-group's mean. Groups whose rollouts all scored the same carry no signal and are skipped. With klBeta > 0 each
-trained token's advantage pays beta x its KL to the base model. A step whose checks mostly failed stops the run
-before its update.
+group's mean. Groups whose rollouts all scored the same (on the total, or on the term `varianceOn` names) carry
+no signal and are skipped; with dynamic sampling, further tasks are drawn until `batch_size` groups do
+(`strop.rl.dynamic_sampling`). With klBeta > 0 each trained token's advantage pays beta x its KL to the
+reference model (`strop.rl.reference`: the model the run started from, or the base). A step whose checks mostly
+failed stops the run before its update.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -19,10 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from strop import types
-from strop.rl.advantages import group_advantages, is_zero_variance
+from strop.rl import dynamic_sampling
+from strop.rl.advantages import group_advantages
 from strop.rl.config import GRPOConfig
 from strop.rl.metrics import RunLog
 from strop.rl.rollouts import check_errors, play, rollout_datums, turn_kl
+from strop.rl.schedule import warmed_up_rate
 from strop.rl.types import StepMetrics
 
 
@@ -37,7 +42,8 @@ class StepContext:
     source: object
     adam: types.AdamParams
     log: RunLog | None = None
-    base_sampler: object = None  # the model with the adapter off, when klBeta > 0
+    base_sampler: object = None  # the KL reference (strop.rl.reference), when klBeta > 0
+    draw: object = None          # further tasks for dynamic sampling: a strop.rl.dynamic_sampling.TaskDraws
 
 
 def adam_params(config) -> types.AdamParams:
@@ -85,9 +91,23 @@ def sample_step(ctx: StepContext, step: int, items: list, sampler=None, policy_s
     config = ctx.config
     t0 = time.perf_counter()
     sampler = sampler or ctx.training.save_weights_and_get_sampling_client()
-    groups = play(sampler, ctx.renderer, ctx.source.episodes(items, config.group_size),
-                  max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
-                  seed=step_seed(config, step))
+
+    def roll(tasks: list, round_: int = 0) -> list:
+        return play(sampler, ctx.renderer, ctx.source.episodes(tasks, config.group_size),
+                    max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
+                    seed=step_seed(config, step) + dynamic_sampling.ROUND_SEED * round_)
+
+    groups = roll(items)
+    if config.dynamic_sampling and ctx.draw is not None:
+        taken = list(items)
+
+        def further(round_: int, n: int) -> list:
+            tasks = ctx.draw(step, round_, n, taken)
+            taken.extend(tasks)
+            return roll(tasks, round_) if tasks else []
+        groups = dynamic_sampling.fill_groups(groups, further, batch_size=config.batch_size,
+                                              max_tasks=dynamic_sampling.max_tasks(config),
+                                              variance_on=config.variance_on)
     return Sampled(step=step, groups=groups, seconds=time.perf_counter() - t0,
                    policy_step=step if policy_step is None else policy_step)
 
@@ -105,15 +125,19 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
     sample_seconds = sampled.seconds
     waited = sample_seconds if waited is None else waited
 
-    datums, zero_var, kl_values, records = [], 0, [], []
+    datums, kl_values, records = [], [], []
+    flags = dynamic_sampling.informative(groups, config.variance_on)
+    zero_var = flags.count(False)
+    # with dynamic sampling the step trains on batch_size informative groups, however many it drew
+    kept = set(dynamic_sampling.kept_groups(groups, config.variance_on,
+                                            config.batch_size if config.dynamic_sampling else None))
     for g, group in enumerate(groups):
         rewards_G = torch.tensor([r.reward for r in group])
         advantages_G = group_advantages(rewards_G, scale_by_std=config.scale_by_std)
         for rollout, advantage in zip(group, advantages_G.tolist()):
             records.append({"step": step, "group": g, "reward": rollout.reward, "advantage": advantage,
                             **ctx.source.record(rollout, ctx.renderer)})
-        if is_zero_variance(rewards_G):
-            zero_var += 1
+        if g not in kept:
             continue
         kl_G = turn_kl(ctx.base_sampler, group) if ctx.base_sampler is not None else None
         if kl_G is not None:
@@ -125,10 +149,13 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
     check_errors(rollouts, config.max_reward_error_fraction, step, ctx.source.failure)
     t1 = time.perf_counter()
     fb, optim = {}, {}
+    adam = ctx.adam
+    if config.warmup_steps:
+        adam = dataclasses.replace(adam, learning_rate=warmed_up_rate(adam.learning_rate, step, config.warmup_steps))
     if datums:
         fb = ctx.training.forward_backward(datums, loss_fn=config.loss_fn,
                                            loss_fn_config=loss_config(config)).result().metrics
-        optim = ctx.training.optim_step(ctx.adam).result().metrics
+        optim = ctx.training.optim_step(adam).result().metrics
     train_seconds = time.perf_counter() - t1
 
     turns = [t for r in rollouts for t in r.turns]
@@ -147,13 +174,16 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
         klSampleTrainMax=fb.get("kl_sample_train:max") if trained else None,
         samplerRatioOutside=fb.get("ratio_outside:sum", 0.0) / trained if trained else None,
         entropy=fb["entropy:sum"] / trained if trained else None,
-        loss=fb.get("loss:sum", 0.0), learningRate=config.learning_rate,
+        loss=fb.get("loss:sum", 0.0), learningRate=adam.learning_rate,
         gradNorm=None if optim.get("skipped_nonfinite") else optim.get("grad_norm", 0.0),  # NaN is no norm
         updateSkipped=int(optim.get("skipped_nonfinite", 0)),
         ppoClippedFraction=fb["clipped:sum"] / trained if config.loss_fn == "ppo" and trained else None,
         klBase=statistics.fmean(kl_values) if kl_values else None,
         offPolicySteps=step - sampled.policy_step if config.max_off_policy_steps else None,
         overlapSeconds=max(0.0, sample_seconds - waited) if config.max_off_policy_steps else None,
+        tasksDrawn=len(groups) if config.dynamic_sampling else None,
+        groupsKept=len(kept) if config.dynamic_sampling else None,
+        groupsDropped=len(groups) - len(kept) if config.dynamic_sampling else None,
         **ctx.source.metrics(rollouts))
     if ctx.log is not None:
         ctx.log.write_rollouts(records)

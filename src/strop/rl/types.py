@@ -102,6 +102,9 @@ class StepMetrics:
     offPolicySteps: int | None = None          # off-policy runs: updates between the weights that sampled and trained
     overlapSeconds: float | None = None        # off-policy runs: sampling done while an earlier step trained (saved)
     updateSkipped: int = 0                     # 1 when the trainer skipped the update: its loss or gradient was NaN
+    tasksDrawn: int | None = None              # dynamic sampling: tasks (groups) sampled this step, its batch included
+    groupsKept: int | None = None              # dynamic sampling: informative groups trained on (at most batchSize)
+    groupsDropped: int | None = None           # dynamic sampling: groups drawn but not trained (no variance, or surplus)
 
     def as_row(self) -> dict:
         """The JSON row: every field by its name, `reward/NAME` and `rubric/NAME` flattened, absent optionals
