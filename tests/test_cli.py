@@ -104,6 +104,11 @@ def test_train_refuses_a_folder_of_a_different_run(capsys, tiny_model_dir, tmp_p
     assert run(capsys, *common)[0] == 0
     code, _, err = run(capsys, *common[:-3], "--lr", "0.5", "--run-dir", str(tmp_path / "r"), "--quiet")
     assert code == 1 and "different config" in err and "learning_rate" in err
+    # a folder saved before a setting existed still resumes: the missing setting reads as its default
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    (tmp_path / "r" / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "warmup_steps"}))
+    code, _, err = run(capsys, *common)
+    assert code == 0, err
 
 
 def test_every_command_has_help_with_an_example():

@@ -200,7 +200,8 @@ def run(args) -> int:
     config = GRPOConfig(**config_values(args, rewards))
     run_dir = args.run_dir or runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe_name(args.base_model)}"
     if run_dir.exists() and (run_dir / "config.json").exists():
-        saved = json.loads((run_dir / "config.json").read_text())
+        # a setting added since the run was made reads as its default, so an older run folder still resumes
+        saved = {**GRPOConfig.defaults(), **json.loads((run_dir / "config.json").read_text())}
         if saved != config.to_dict():
             changed = sorted(k for k in set(saved) | set(config.to_dict()) if saved.get(k) != config.to_dict().get(k))
             raise StropError(f"{run_dir} holds a run with a different config (differs in {', '.join(changed)}); "

@@ -225,6 +225,11 @@ class GRPOConfig:
         return asdict(self)
 
     @classmethod
+    def defaults(cls) -> dict:
+        """Every field that has a plain default, by name (what a config saved before the field existed meant)."""
+        return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+    @classmethod
     def from_dict(cls, data: dict) -> GRPOConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
