@@ -55,6 +55,10 @@ def owner_of(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()[:24]
 
 
+def _whose(owner: str, holder: str) -> str:
+    return "this API key" if holder == owner else "this client address (an open server's quotas are per address)"
+
+
 @dataclass
 class FutureRecord:
     id: str
@@ -73,6 +77,7 @@ class FutureRecord:
 class Session:
     id: str
     owner: str
+    holder: str = ""                                 # whose quota it counts against (tenants.Tenancy)
     created: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
     finished: str | None = None
@@ -93,6 +98,7 @@ class Model:
     base_model: str
     rank: int
     lora: dict
+    holder: str = ""               # its session's quota holder
     client: Any = None             # strop TrainingClient, once created
     last_request: float = field(default_factory=time.time)
     seq_futures: dict = field(default_factory=dict)   # seq_id -> future id: a re-sent request is not run twice
@@ -152,16 +158,19 @@ class TinkerService:
 
     # ---- sessions ------------------------------------------------------------------------------------
     def create_session(self, owner: str, tags: list, user_metadata: dict | None,
-                       project_id: str | None = None) -> Session:
+                       project_id: str | None = None, *, holder: str | None = None) -> Session:
+        """`holder`: whose quota the session counts against (`tenants.Tenancy.quota_holder`; the owner's by
+        default)."""
+        holder = owner if holder is None else holder
         with self.lock:
             live = [s for s in self.sessions.values() if not s.finished]
             if len(live) >= MAX_SESSIONS:
                 raise WireError(f"this server holds {MAX_SESSIONS} open sessions; close one (ServiceClient.close) "
                                 "or wait for idle ones to expire", status=503)
-            if sum(1 for s in live if s.owner == owner) >= MAX_SESSIONS_PER_KEY:
-                raise WireError(f"this API key has {MAX_SESSIONS_PER_KEY} open sessions; close one "
+            if sum(1 for s in live if s.holder == holder) >= MAX_SESSIONS_PER_KEY:
+                raise WireError(f"{_whose(owner, holder)} has {MAX_SESSIONS_PER_KEY} open sessions; close one "
                                 "(ServiceClient.close) before opening another")
-            session = Session(id="s" + secrets.token_hex(8), owner=owner,
+            session = Session(id="s" + secrets.token_hex(8), owner=owner, holder=holder,
                               tags=[str(t)[:100] for t in list(tags)[:32]],
                               user_metadata={str(k)[:100]: str(v)[:1000] for k, v in list(user_metadata.items())[:64]}
                               if isinstance(user_metadata, dict) else None, project_id=project_id)
@@ -198,6 +207,8 @@ class TinkerService:
     def new_future(self, owner: str, kind: str) -> FutureRecord:
         record = FutureRecord(id=f"f{secrets.token_hex(12)}", owner=owner, kind=kind)
         with self.lock:
+            if self._stop:
+                raise WireError("the server is stopping; start it again and resend the request", status=503)
             kept = self.owner_futures.setdefault(owner, deque())
             while len(kept) >= MAX_FUTURES:
                 old = self.futures.get(kept[0])
@@ -226,6 +237,8 @@ class TinkerService:
 
     def _complete(self, record: FutureRecord, payload=None, error: str | None = None, category: str = "user"):
         with self.lock:
+            if record.done:
+                return            # answered already (the server stopped while it ran): the first answer stands
             record.payload, record.error, record.category, record.done = payload, error, category, True
             waiters, record.waiters = record.waiters, []
         for loop, waiter in waiters:
@@ -349,10 +362,16 @@ class TinkerService:
                                     or now - record.created > RESULT_TTL_S):
                     self.futures.pop(fid, None)
 
-    def close(self) -> None:
+    def close(self, reason: str = "the server stopped before this request finished; start it again and resend "
+                                   "the request") -> None:
+        """Stop the worker and answer every unfinished request (queued or running) with `reason` at once: a
+        stopping server waits for no job, and no client is left polling a result that will never come."""
         with self.lock:
             self._stop = True
             self.lock.notify_all()
+            unfinished = [r for r in self.futures.values() if not r.done]
+        for record in unfinished:
+            self._complete(record, error=reason, category="server")
 
     def register(self, path: str, owner: str) -> str | None:
         """Make a saved checkpoint a tuned model in strop's store (`strop models list`, `strop serve`), when the
@@ -405,11 +424,11 @@ class TinkerService:
             if len(self.models) >= MAX_MODELS:
                 raise WireError(f"this server trains at most {MAX_MODELS} models at once; finish a session "
                                 "(ServiceClient.close) to free one")
-            if sum(1 for m in self.models.values() if m.owner == session.owner) >= MAX_MODELS_PER_KEY:
-                raise WireError(f"this API key trains {MAX_MODELS_PER_KEY} models already; finish a session "
-                                "(ServiceClient.close) to free one")
+            if sum(1 for m in self.models.values() if m.holder == session.holder) >= MAX_MODELS_PER_KEY:
+                raise WireError(f"{_whose(session.owner, session.holder)} trains {MAX_MODELS_PER_KEY} models "
+                                "already; finish a session (ServiceClient.close) to free one")
             model = Model(id=model_id, session_id=session.id, owner=session.owner, base_model=base_model, rank=rank,
-                          lora=lora)
+                          lora=lora, holder=session.holder)
             self.models[model_id] = model
             session.models.add(model_id)
         return model
