@@ -403,7 +403,7 @@ def test_the_command_serves_and_refuses_a_missing_key_variable(tmp_path):
             base_model=MODEL, rank=4).result()
         big = [sft_datum([(7 * i + j) % 200 + 1 for j in range(500)]) for i in range(64)]
         pending = [client.forward_backward(big, "cross_entropy") for _ in range(6)]
-        time.sleep(1.0)
+        time.sleep(3.0)               # the SDK sends them from its own thread: let all six arrive first
         t0 = time.monotonic()
         proc.terminate()
         failed = 0
@@ -639,3 +639,45 @@ def test_a_loaded_checkpoint_gives_weights_never_the_publishers_store_run(sdk_en
     assert record["loaded_from"] == shared and bobs.startswith(f"tinker://{theirs.model_id}/")
     for client in (alice, bob):
         client.close("success").result()
+
+
+def test_a_slow_model_resolution_blocks_only_its_own_request_and_a_failure_is_remembered(tmp_path):
+    """The resolver hook stands for a hub download that takes minutes: while it blocks, another tenant's requests
+    are answered; when it fails, asking again is refused at once from memory (the resolver is not run again)."""
+    from strop.errors import ModelNotFoundError
+    from strop.models import DEFAULT_MODEL, resolve_model
+    release, calls = threading.Event(), []
+
+    def slow_hub(model_id: str):
+        if model_id != DEFAULT_MODEL:
+            return resolve_model(model_id)
+        calls.append(model_id)
+        release.wait(60)
+        raise ModelNotFoundError(f"{model_id}: the hub did not answer")
+    srv = start(tmp_path / "slowhub", resolve_model=slow_hub)
+    body = {"tags": [], "user_metadata": None, "sdk_version": "x"}
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            alice, bob = {"X-API-Key": "tml-alice"}, {"X-API-Key": "tml-bob"}
+            sid = http.post("/api/v1/create_session", headers=alice, json=body).json()["session_id"]
+            answer = {}
+            waiting = threading.Thread(target=lambda: answer.setdefault("r", http.post(
+                "/api/v1/create_model", headers=alice,
+                json={"session_id": sid, "model_seq_id": 0, "base_model": DEFAULT_MODEL})))
+            waiting.start()
+            while not calls:
+                time.sleep(0.01)
+            t0 = time.monotonic()
+            with httpx.Client(base_url=srv.url, timeout=10) as other:
+                assert other.post("/api/v1/create_session", headers=bob, json=body).status_code == 200
+                assert other.get("/api/v1/training_runs", headers=bob).status_code == 200
+            assert time.monotonic() - t0 < 5 and "r" not in answer      # answered while the download hangs
+            release.set()
+            waiting.join(30)
+            assert answer["r"].status_code == 400 and "did not answer" in answer["r"].json()["detail"]
+            again = http.post("/api/v1/create_model", headers=alice,
+                              json={"session_id": sid, "model_seq_id": 1, "base_model": DEFAULT_MODEL})
+            assert again.status_code == 400 and "remembered" in again.json()["detail"] and len(calls) == 1
+    finally:
+        release.set()
+        srv.stop()

@@ -248,7 +248,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         if not targets:
             raise WireError("this server adapts attention and MLP projections (train_attn, train_mlp); "
                             "train_unembed alone is not supported")
-        service.model_info(req.base_model)      # an unknown model is refused now, not in the future
+        await service.resolve(req.base_model)   # an unknown model is refused now, not in the future; off the loop
         model = service.add_model(session, req.model_seq_id, req.base_model, lora.rank,
                                   {"train_attn": lora.train_attn, "train_mlp": lora.train_mlp,
                                    "train_unembed": lora.train_unembed, "seed": lora.seed})
@@ -450,7 +450,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             folder, base = None, req.base_model
         else:
             raise WireError("create_sampling_session needs base_model or model_path")
-        service.model_info(base)
+        await service.resolve(base)
 
         def run():     # on the worker: every torch computation of the server happens on that one thread
             client = _sampling_client(service, base, folder)
@@ -584,9 +584,12 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         if scope not in ("owned", "accessible"):
             raise WireError(f"access_scope is 'owned' or 'accessible', not {scope[:40]!r}")
         project = request.query_params.get("project_id")
-        found = service.store.runs(who, accessible=scope == "accessible")
-        runs = [run_entry(run_id, info, who) for run_id, info in found
-                if project is None or info.get("project_id") == project]
+
+        def read():     # every run folder is read: on a thread, so other tenants' requests go on meanwhile
+            found = service.store.runs(who, accessible=scope == "accessible")
+            return [run_entry(run_id, info, who) for run_id, info in found
+                    if project is None or info.get("project_id") == project]
+        runs = await asyncio.to_thread(read)
         runs.sort(key=lambda r: r["last_request_time"], reverse=True)
         shown, cursor = page(request, runs)
         return JSONResponse({"training_runs": shown, "cursor": cursor})
@@ -639,7 +642,8 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
 
     @route("/api/v1/checkpoints", methods=("GET",))
     async def all_checkpoints(request, who):
-        found = [c for run_id, _ in service.store.runs(who) for c in service.store.checkpoints(run_id, who)]
+        found = await asyncio.to_thread(        # reads every run folder: off the event loop
+            lambda: [c for run_id, _ in service.store.runs(who) for c in service.store.checkpoints(run_id, who)])
         found.sort(key=lambda c: c["time"], reverse=True)
         shown, cursor = page(request, found)
         return JSONResponse({"checkpoints": shown, "cursor": cursor})

@@ -49,6 +49,7 @@ SESSION_IDLE_S = 600.0          # no heartbeat nor request for this long: the se
 MAX_SAMPLES = 128               # num_samples in one sampling request
 SAMPLE_GATHER_S = 0.02          # the worker batches sampling requests until none has arrived for this long,
 SAMPLE_GATHER_MAX_S = 0.25      # or for at most this long
+FAILED_RESOLVE_S = 60.0         # a base model that could not be resolved is refused this long without a retry
 
 
 def owner_of(api_key: str) -> str:
@@ -127,7 +128,7 @@ class Job:
 
 class TinkerService:
     def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_checkpoint=None,
-                 log=None, start_worker: bool = True):
+                 log=None, start_worker: bool = True, resolve_model=None):
         """`start_worker=False`: the caller runs `work()` itself, on the thread that should do the computing
         (`strop serve-tinker` uses the main thread). Every torch computation of the server runs on the worker:
         a second thread that runs torch gets an OpenMP team of its own, and with more OpenMP threads than cores
@@ -150,6 +151,12 @@ class TinkerService:
         self.sample_batches: deque[int] = deque(maxlen=1000)   # requests per sampling batch, for the curious
         self._order: deque[str] = deque()          # sessions with queued jobs, in turn order
         self._model_info: dict[str, dict] = {}
+        # where base models come from (default strop.models.resolve_model, which may download for minutes): it
+        # runs on these threads, never on the event loop; a failure is remembered for FAILED_RESOLVE_S
+        self._resolve_model = resolve_model
+        self._failed_models: dict[str, tuple[float, str]] = {}
+        from concurrent.futures import ThreadPoolExecutor
+        self._resolver = ThreadPoolExecutor(max_workers=2, thread_name_prefix="strop-tinker-resolve")
         self._stop = False
         if start_worker:
             threading.Thread(target=self.work, name="strop-tinker-worker", daemon=True).start()
@@ -386,6 +393,13 @@ class TinkerService:
             return None
 
     # ---- models --------------------------------------------------------------------------------------
+    async def resolve(self, base_model: str) -> dict:
+        """`model_info`, with a model not resolved yet resolved on a resolver thread: a download blocks only the
+        request that asked for it, not every tenant's."""
+        if base_model in self._model_info:
+            return self._model_info[base_model]
+        return await asyncio.get_running_loop().run_in_executor(self._resolver, self.model_info, base_model)
+
     def model_info(self, base_model: str) -> dict:
         """The base model's folder, vocabulary size and context length; WireError for a model not on offer."""
         from strop.models import CATALOG, resolve_model   # lazy: part of the engine's import
@@ -393,10 +407,15 @@ class TinkerService:
             if base_model not in {entry.model_id for entry in CATALOG}:
                 names = ", ".join(entry.model_id for entry in CATALOG)
                 raise WireError(f"unknown base model {str(base_model)[:100]!r}; this server offers {names}")
+            failed = self._failed_models.get(base_model)
+            if failed and time.monotonic() - failed[0] < FAILED_RESOLVE_S:
+                raise WireError(f"{failed[1]} (remembered: tried again {FAILED_RESOLVE_S:g} s after it failed)")
             try:
-                folder = resolve_model(base_model)
+                folder = (self._resolve_model or resolve_model)(base_model)
             except StropError as exc:
-                raise WireError(f"base model {base_model!r} is not available here: {exc}") from None
+                message = f"base model {base_model!r} is not available here: {exc}"
+                self._failed_models[base_model] = (time.monotonic(), message)
+                raise WireError(message) from None
             config = json.loads((Path(folder) / "config.json").read_text())
             self._model_info[base_model] = {
                 "folder": str(folder), "vocab_size": int(config.get("vocab_size", 0)),
