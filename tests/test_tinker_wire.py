@@ -681,3 +681,18 @@ def test_a_slow_model_resolution_blocks_only_its_own_request_and_a_failure_is_re
     finally:
         release.set()
         srv.stop()
+
+
+def test_run_folders_without_checkpoints_of_sessions_gone_are_reaped(tmp_path):
+    service = TinkerService(tmp_path / "reap")
+    try:
+        live = service.create_session("owner", [], None)
+        store = service.store
+        for run_id in ("sgone:train:0", "sgone:train:1", f"{live.id}:train:0"):
+            store.record_run(run_id, {"owner": "owner", "base_model": MODEL, "lora_rank": 2})
+        (store.run_dir("sgone:train:1") / "weights" / "kept").mkdir(parents=True)
+        assert service.reap_runs() == ["sgone:train:0"]
+        assert sorted(p.name for p in (tmp_path / "reap" / "runs").iterdir()) == \
+            sorted(["sgone:train:1", f"{live.id}:train:0"])
+    finally:
+        service.close()

@@ -181,6 +181,20 @@ class CheckpointStore:
             return []
         return [c for c in self.checkpoints(run_id, owner) if c["public"]]
 
+    def reap_runs(self, in_use) -> list[str]:
+        """Remove the run folders that hold no checkpoint and whose run `in_use(run_id)` says is over (its
+        session gone): each model ever created leaves one, and listings read them all. The ids removed."""
+        removed = []
+        for folder in sorted((self.root / "runs").iterdir()):
+            run_id = folder.name
+            if not RUN_ID.fullmatch(run_id) or in_use(run_id):
+                continue
+            if any(any((folder / kind).iterdir()) for kind in KINDS if (folder / kind).is_dir()):
+                continue                        # it has checkpoints (or one being written): kept
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(run_id)
+        return removed
+
     def delete(self, path: str, owner: str) -> None:
         folder, _ = self.folder(path, owner)
         shutil.rmtree(folder)

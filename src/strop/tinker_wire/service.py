@@ -349,9 +349,21 @@ class TinkerService:
             self._run(Job(job.session_id, job.future, finish))
 
     def _reap(self) -> None:
+        rounds = 0
         while not self._stop:
             time.sleep(5.0)
             self.reap()
+            rounds += 1
+            if rounds % 12 == 0:        # each minute: the run folders of sessions long gone, without checkpoints
+                self.reap_runs()
+
+    def reap_runs(self) -> list[str]:
+        """Remove run folders without checkpoints whose session this server no longer keeps (a finished session
+        is kept FINISHED_KEEP_S, and until its queued jobs ran; so no save of it can still come)."""
+        def in_use(run_id: str) -> bool:
+            with self.lock:
+                return run_id in self.models or run_id.split(":", 1)[0] in self.sessions
+        return self.store.reap_runs(in_use)
 
     def reap(self, now: float | None = None) -> None:
         """Close sessions idle past SESSION_IDLE_S (their models and samplers freed) and drop old results."""
