@@ -102,10 +102,11 @@ def greedy_correct(sampler, types, renderer, rows, max_tokens: int) -> list[bool
 
 
 def start_server(home: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """`strop serve-tinker --port 0 --log-jobs` in a subprocess, its stderr going to `log`; (process, URL)."""
+    """`strop serve-tinker --port 0 --log-jobs --open` in a subprocess, its stderr going to `log`; (process, URL)."""
     env = {**os.environ, "STROP_HOME": str(home)}
     with open(log, "w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--port", "0", "--log-jobs"],
+        proc = subprocess.Popen([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--port", "0", "--log-jobs",
+                                 "--open"],
                                 stderr=sink, text=True, env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -6,6 +6,7 @@ only where a test sends what the SDK never would (garbage protobuf, another key'
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -27,10 +28,15 @@ from strop.tinker_wire.service import TinkerService  # noqa: E402
 MODEL = "strop/tiny-random"
 
 
-def start(root: Path, api_keys=None, long_poll_s: float = 20.0) -> TinkerServer:
+# the keys the test servers accept (a server takes only its keys unless it is started open)
+KEYS = {"tml-alice", "tml-bob", "tml-carol", "tml-slow", "tml-restart", "tml-many", "tml-someone-else"}
+
+
+def start(root: Path, api_keys=KEYS, long_poll_s: float = 20.0, **service_options) -> TinkerServer:
     from strop.control.tinker_checkpoints import register_checkpoint     # what `strop serve-tinker` hands it
-    service = TinkerService(root, register_checkpoint=register_checkpoint)
-    return TinkerServer(make_tinker_app(service, api_keys=api_keys, long_poll_s=long_poll_s), port=0).start()
+    service = TinkerService(root, register_checkpoint=register_checkpoint, **service_options)
+    app = make_tinker_app(service, api_keys=api_keys, open_mode=api_keys is None, long_poll_s=long_poll_s)
+    return TinkerServer(app, port=0).start()
 
 
 @pytest.fixture(scope="module")
@@ -361,6 +367,8 @@ def test_bad_requests_get_the_sdks_errors_and_harm_no_other_session(sdk_env):
 
 def test_a_wrong_key_is_refused_when_the_server_has_keys(tmp_path, monkeypatch):
     srv = start(tmp_path / "keyed", api_keys={"tml-right"})
+    with pytest.raises(ValueError, match="api_keys .* or open_mode"):
+        make_tinker_app(srv.app.state.service)      # neither keys nor open: no server
     try:
         monkeypatch.setenv("TINKER_BASE_URL", srv.url)
         with pytest.raises(tinker.AuthenticationError, match="wrong API key"):
@@ -378,15 +386,72 @@ def test_the_command_serves_and_refuses_a_missing_key_variable(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--api-key-env", "NO_SUCH_KEY_VAR"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 1 and "NO_SUCH_KEY_VAR" in bad.stderr and "Traceback" not in bad.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--port", "0"],
+    keyless = subprocess.run([sys.executable, "-m", "strop.cli.main", "serve-tinker"],
+                             capture_output=True, text=True, env=env, timeout=60)
+    assert keyless.returncode == 1 and "--api-key-env" in keyless.stderr and "--open" in keyless.stderr
+    helped = subprocess.run([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--help"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert "per client address" in helped.stdout and "does not start" in helped.stdout
+    proc = subprocess.Popen([sys.executable, "-m", "strop.cli.main", "serve-tinker", "--port", "0", "--open"],
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stderr.readline()
         url = line.split("tinker API at ")[1].split()[0]
         assert httpx.get(f"{url}/api/v1/healthz", timeout=10).json() == {"status": "ok"}
-    finally:
+        # SIGTERM with jobs queued: every unfinished one is answered "the server stopped", and it exits promptly
+        client = tinker.ServiceClient(base_url=url, api_key="tml-term").create_lora_training_client(
+            base_model=MODEL, rank=4).result()
+        big = [sft_datum([(7 * i + j) % 200 + 1 for j in range(500)]) for i in range(64)]
+        pending = [client.forward_backward(big, "cross_entropy") for _ in range(6)]
+        time.sleep(3.0)               # the SDK sends them from its own thread: let all six arrive first
+        t0 = time.monotonic()
         proc.terminate()
+        failed = 0
+        for future in pending:
+            try:
+                future.result(timeout=20)
+            except tinker.RequestFailedError as exc:
+                assert "server stopped" in str(exc)
+                failed += 1
+        assert failed >= 5            # the queued ones at least (the running one, too, unless it had finished)
+        proc.wait(timeout=15)
+        assert time.monotonic() - t0 < 15
+    finally:
+        proc.kill()
         proc.wait(timeout=30)
+
+
+def test_an_open_server_counts_quotas_per_client_address_not_per_made_up_key(tmp_path):
+    from strop.tinker_wire.service import MAX_SESSIONS_PER_KEY
+    srv = start(tmp_path / "open", api_keys=None)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            def session(key: str) -> httpx.Response:
+                return http.post("/api/v1/create_session", headers={"X-API-Key": key},
+                                 json={"tags": [], "user_metadata": None, "sdk_version": "x"})
+            for i in range(MAX_SESSIONS_PER_KEY):
+                assert session(f"tml-made-up-{i}").status_code == 200
+            refused = session("tml-made-up-another")
+            assert refused.status_code == 400 and "client address" in refused.json()["detail"]
+    finally:
+        srv.stop()
+
+
+def test_names_ending_in_a_newline_and_deeply_nested_json_are_clear_400s(sdk_env):
+    from strop.tinker_wire.checkpoints import check_name
+    with pytest.raises(ValueError, match="not allowed"):
+        check_name("evil\n")
+    with httpx.Client(base_url=sdk_env.url, timeout=30) as http:
+        key = {"X-API-Key": "tml-alice"}
+        newline = http.post("/api/v1/weights_info", headers=key,
+                            json={"tinker_path": "tinker://s0:train:0\n/weights/evil"})
+        assert newline.status_code == 400 and "not a checkpoint path" in newline.json()["detail"]
+        deep = http.post("/api/v1/create_session", headers={**key, "Content-Type": "application/json"},
+                         content=b"[" * 100_000 + b"]" * 100_000)
+        assert deep.status_code == 400 and "nested too deeply" in deep.json()["detail"]
+        deep_field = http.post("/api/v1/weights_info", headers={**key, "Content-Type": "application/json"},
+                               content=b'{"tinker_path": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+        assert deep_field.status_code == 400
 
 
 def test_the_rest_client_lists_describes_and_deletes(sdk_env):
@@ -540,3 +605,94 @@ def test_a_session_keeps_its_newest_sampling_clients_and_a_key_its_share_of_mode
     again = tinker.ServiceClient(api_key="tml-many")     # a finished session frees its models
     assert again.create_lora_training_client(base_model=MODEL, rank=2).result().model_id
     again.close("success").result()
+
+
+def test_a_loaded_checkpoint_gives_weights_never_the_publishers_store_run(sdk_env):
+    """Bob continues from Alice's published state and saves: his checkpoint is a model of a store run of his own
+    training run, and Alice's store run still serves her weights (it used to be re-pointed at Bob's)."""
+    from sqlalchemy import select
+
+    from strop.store import open_store, session_scope
+    from strop.store.schema import Model as StoreModel, Run as StoreRun
+    url = sdk_env.url
+    alice = tinker.ServiceClient(base_url=url, api_key="tml-alice")
+    mine = alice.create_lora_training_client(base_model=MODEL, rank=4).result()
+    shared = mine.save_state("to-share").result().path
+    tinker.RestClient(base_url=url, api_key="tml-alice").publish_checkpoint_from_tinker_path(shared).result()
+    bob = tinker.ServiceClient(base_url=url, api_key="tml-bob")
+    theirs = bob.create_training_client_from_state(shared).result()
+    theirs.forward_backward([sft_datum([3, 1, 4, 1, 5, 9])], "cross_entropy").result()
+    theirs.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    bobs = theirs.save_weights_for_sampler("bobs").result().path
+    root = sdk_env.app.state.service.store.root
+
+    def served_by(training_run_id: str) -> list[str]:
+        """The adapter folder each store run standing for `training_run_id` serves now (its model)."""
+        with session_scope(open_store(), read_only=True) as s:
+            runs = s.scalars(select(StoreRun).where(StoreRun.config_name == training_run_id)).all()
+            return [s.get(StoreModel, r.model_id).adapter_path for r in runs]
+    assert served_by(mine.model_id) == [str(root / "runs" / mine.model_id / "weights" / "to-share")]
+    assert served_by(theirs.model_id) == [str(root / "runs" / theirs.model_id / "sampler_weights" / "bobs")]
+    record = json.loads((root / "runs" / theirs.model_id / "run.json").read_text())
+    publishers = json.loads((root / "runs" / mine.model_id / "run.json").read_text())
+    assert record["owner"] != publishers["owner"] and record.get("storeRunId") != publishers["storeRunId"]
+    assert record["loaded_from"] == shared and bobs.startswith(f"tinker://{theirs.model_id}/")
+    for client in (alice, bob):
+        client.close("success").result()
+
+
+def test_a_slow_model_resolution_blocks_only_its_own_request_and_a_failure_is_remembered(tmp_path):
+    """The resolver hook stands for a hub download that takes minutes: while it blocks, another tenant's requests
+    are answered; when it fails, asking again is refused at once from memory (the resolver is not run again)."""
+    from strop.errors import ModelNotFoundError
+    from strop.models import DEFAULT_MODEL, resolve_model
+    release, calls = threading.Event(), []
+
+    def slow_hub(model_id: str):
+        if model_id != DEFAULT_MODEL:
+            return resolve_model(model_id)
+        calls.append(model_id)
+        release.wait(60)
+        raise ModelNotFoundError(f"{model_id}: the hub did not answer")
+    srv = start(tmp_path / "slowhub", resolve_model=slow_hub)
+    body = {"tags": [], "user_metadata": None, "sdk_version": "x"}
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            alice, bob = {"X-API-Key": "tml-alice"}, {"X-API-Key": "tml-bob"}
+            sid = http.post("/api/v1/create_session", headers=alice, json=body).json()["session_id"]
+            answer = {}
+            waiting = threading.Thread(target=lambda: answer.setdefault("r", http.post(
+                "/api/v1/create_model", headers=alice,
+                json={"session_id": sid, "model_seq_id": 0, "base_model": DEFAULT_MODEL})))
+            waiting.start()
+            while not calls:
+                time.sleep(0.01)
+            t0 = time.monotonic()
+            with httpx.Client(base_url=srv.url, timeout=10) as other:
+                assert other.post("/api/v1/create_session", headers=bob, json=body).status_code == 200
+                assert other.get("/api/v1/training_runs", headers=bob).status_code == 200
+            assert time.monotonic() - t0 < 5 and "r" not in answer      # answered while the download hangs
+            release.set()
+            waiting.join(30)
+            assert answer["r"].status_code == 400 and "did not answer" in answer["r"].json()["detail"]
+            again = http.post("/api/v1/create_model", headers=alice,
+                              json={"session_id": sid, "model_seq_id": 1, "base_model": DEFAULT_MODEL})
+            assert again.status_code == 400 and "remembered" in again.json()["detail"] and len(calls) == 1
+    finally:
+        release.set()
+        srv.stop()
+
+
+def test_run_folders_without_checkpoints_of_sessions_gone_are_reaped(tmp_path):
+    service = TinkerService(tmp_path / "reap")
+    try:
+        live = service.create_session("owner", [], None)
+        store = service.store
+        for run_id in ("sgone:train:0", "sgone:train:1", f"{live.id}:train:0"):
+            store.record_run(run_id, {"owner": "owner", "base_model": MODEL, "lora_rank": 2})
+        (store.run_dir("sgone:train:1") / "weights" / "kept").mkdir(parents=True)
+        assert service.reap_runs() == ["sgone:train:0"]
+        assert sorted(p.name for p in (tmp_path / "reap" / "runs").iterdir()) == \
+            sorted(["sgone:train:1", f"{live.id}:train:0"])
+    finally:
+        service.close()

@@ -19,15 +19,23 @@ def register(nouns) -> None:
                     "SamplingClient and RestClient work as against Thinking Machines' service, with LoRA training "
                     "and sampling on strop's engine. Checkpoints (tinker:// paths) are folders under "
                     "$STROP_HOME/tinker and survive a restart.",
-        epilog="example:\n  strop serve-tinker --port 8100 &\n"
-               "  TINKER_BASE_URL=http://127.0.0.1:8100 TINKER_API_KEY=tml-local python my_tinker_loop.py\n\n"
-               "Without --api-key-env any key is accepted, and each key sees only its own sessions and "
-               "checkpoints.",
+        epilog="example:\n  export STROP_TINKER_KEYS=tml-$(openssl rand -hex 16)\n"
+               "  strop serve-tinker --port 8100 --api-key-env STROP_TINKER_KEYS &\n"
+               "  TINKER_BASE_URL=http://127.0.0.1:8100 TINKER_API_KEY=$STROP_TINKER_KEYS python my_loop.py\n\n"
+               "Keys are required: --api-key-env names the variable holding the accepted key(s), one per tenant; "
+               "each key sees only its own sessions and checkpoints and has its own quota (16 sessions, 4 "
+               "training models). --open accepts any 'tml-' key instead (each still sees only its own work), "
+               "and then the quotas are per client address, since made-up keys cost nothing; behind a proxy "
+               "all clients share one address. Without either flag the server does not start.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
     p.add_argument("--port", type=int, default=8100, help="port (default: %(default)s; 0 takes a free one)")
     p.add_argument("--api-key-env", metavar="VAR",
-                   help="accept only the key(s) in environment variable VAR (several separated by commas)")
+                   help="accept only the key(s) in environment variable VAR (several separated by commas); "
+                        "quotas are per key")
+    p.add_argument("--open", action="store_true",
+                   help="accept any key starting with 'tml-' (each key still sees only its own work); sessions and "
+                        "training models are then counted per client address")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="what training computes in (default: %(default)s, bf16 where the CPU or GPU has it)")
     p.add_argument("--log-jobs", action="store_true",
@@ -41,6 +49,12 @@ def run(args) -> int:
     if not 0 <= args.port <= 65535:
         raise StropError(f"--port must be 0..65535, got {args.port}")
     keys = None
+    if args.open and args.api_key_env:
+        raise StropError("--open and --api-key-env exclude each other: --api-key-env accepts only its keys, --open "
+                         "any key; pass one")
+    if not args.open and not args.api_key_env:
+        raise StropError("strop serve-tinker needs --api-key-env VAR (accept only the key(s) in $VAR, e.g. "
+                         "VAR=tml-$(openssl rand -hex 16)) or --open (any 'tml-' key, quotas per client address)")
     if args.api_key_env:
         value = os.environ.get(args.api_key_env, "")
         keys = {k.strip() for k in value.split(",") if k.strip()}
@@ -49,7 +63,7 @@ def run(args) -> int:
         if any(not k.startswith("tml-") for k in keys):
             raise StropError(f"--api-key-env {args.api_key_env}: the tinker SDK only sends keys that start with "
                              "'tml-'; use such keys")
-    warning = exposure_warning(args.host, "set" if keys else None)
+    warning = exposure_warning(args.host, "set" if keys else None, key_flag="--api-key-env VAR instead of --open")
     if warning:
         print(warning, file=sys.stderr)
     try:
@@ -65,14 +79,26 @@ def run(args) -> int:
     log = (lambda line: print(f"strop serve-tinker: {line}", file=sys.stderr, flush=True)) if args.log_jobs else None
     service = TinkerService(strop_home() / "tinker", dtype=args.dtype, log=log, start_worker=False,
                             register_checkpoint=register_checkpoint)
-    server = TinkerServer(make_tinker_app(service, api_keys=keys), host=args.host, port=args.port).start()
+    server = TinkerServer(make_tinker_app(service, api_keys=keys, open_mode=args.open), host=args.host,
+                          port=args.port).start()
     print(f"strop: tinker API at {server.url}  (TINKER_BASE_URL={server.url}; checkpoints under "
           f"{strop_home() / 'tinker'}; Ctrl-C stops)", file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: service.close())
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         service.work()          # the computing happens on this, the main, thread; HTTP is served from another
-    except KeyboardInterrupt:
-        pass
+    except (KeyboardInterrupt, _Terminated):
+        pass                    # the job running now, if any, was interrupted where it stood
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # every unfinished request is answered "the server stopped" before HTTP closes (within its 5 s grace)
         server.stop()
     return 0
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised on the main thread wherever it is, as Ctrl-C is: a job that runs for minutes is not waited
+    for (a BaseException, so the worker's error handling does not take it for the job's own failure)."""
+
+
+def _terminate(*_) -> None:
+    raise _Terminated()

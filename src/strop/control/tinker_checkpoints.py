@@ -34,6 +34,8 @@ def register_checkpoint(training_run_id: str, run_info: dict, folder: Path) -> t
             s.add(project)
             s.flush()
         run = s.get(Run, run_info["storeRunId"]) if run_info.get("storeRunId") else None
+        if run is not None and run.config_name != training_run_id:
+            run = None      # a record naming another training run's store run: never add models to that one
         if run is None:
             now = utcnow()
             run = Run(project_id=project.id, config_name=training_run_id, base_model=run_info["base_model"],

@@ -1,6 +1,6 @@
 """The HTTP side of `strop serve-tinker`: the routes the unmodified `tinker` SDK calls, over a `TinkerService`.
 
-    app = make_tinker_app(service, api_keys={"tml-..."})      # None: any key, each key its own owner
+    app = make_tinker_app(service, api_keys={"tml-..."})      # or open_mode=True: any key, quotas per address
     server = TinkerServer(app, port=0).start()                 # TINKER_BASE_URL=server.url
 
 JSON bodies are read with the SDK's own request models (so a field the SDK sends is a field this server reads);
@@ -13,7 +13,6 @@ reaches the caller as the SDK's RequestFailedError with the reason.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 
@@ -26,7 +25,8 @@ from strop.models import CATALOG
 from strop.tinker_wire import codec
 from strop.tinker_wire.checkpoints import KINDS, check_name, iso, parse_path
 from strop.tinker_wire.codec import WireError
-from strop.tinker_wire.service import MAX_SAMPLES, TinkerService, owner_of
+from strop.tinker_wire.service import MAX_SAMPLES, TinkerService
+from strop.tinker_wire.tenants import Tenancy, new_run_record
 from strop.types import AdamParams, ModelInput, SamplingParams
 
 MAX_BODY_BYTES = 64 << 20       # a forward_backward chunk (the SDK splits at ~5 MB of payload; zstd or not)
@@ -55,8 +55,11 @@ def client_config(sample_concurrency: int) -> dict:
             "sample_max_concurrent_requests": sample_concurrency, "sample_enable_stuck_detection": False}
 
 
-def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None, sample_concurrency: int = 256,
-                    long_poll_s: float = LONG_POLL_S):
+def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None, open_mode: bool = False,
+                    sample_concurrency: int = 256, long_poll_s: float = LONG_POLL_S):
+    """`api_keys`: the only keys accepted (each its own owner and quota); or `open_mode`: any key, each its own
+    owner, quotas per client address (`strop.tinker_wire.tenants`). One of the two is required."""
+    tenancy = Tenancy(api_keys, open_mode=open_mode)
     # lazy: starlette and the SDK's types load only when a server is made
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -67,17 +70,6 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
 
     def fail(exc: WireError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
-
-    def owner(request: Request) -> str:
-        key = request.headers.get("x-api-key")
-        if key is None and request.headers.get("authorization", "").lower().startswith("bearer "):
-            key = request.headers["authorization"][7:].strip()
-        if not key:
-            raise WireError("this server needs an API key: set TINKER_API_KEY (the SDK sends it as X-API-Key)", 401)
-        if api_keys is not None and not any(hmac.compare_digest(key.encode(), k.encode()) for k in api_keys):
-            raise WireError("wrong API key: use one this server was started with (strop serve-tinker --api-key-env)",
-                            401)
-        return owner_of(key)
 
     async def body_bytes(request: Request, limit: int) -> bytes:
         declared = request.headers.get("content-length")
@@ -106,7 +98,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         raw = await body_bytes(request, MAX_JSON_BYTES)
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):     # RecursionError: nesting deeper than the parser goes
             data = None
         if not isinstance(data, dict):
             raise WireError(f"the body must be a JSON object such as {example}")
@@ -118,6 +110,9 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             data = json.loads(raw or b"{}")
         except ValueError:
             raise WireError("the body is not JSON") from None
+        except RecursionError:      # was a 500 with a traceback, which the SDK retries
+            raise WireError("the JSON body is nested too deeply; send the request the SDK's models describe") \
+                from None
         try:
             return model_cls.model_validate(data)
         except pydantic.ValidationError as exc:
@@ -129,7 +124,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         def wrap(handler):
             async def endpoint(request: Request):
                 try:
-                    return await handler(request, owner(request))
+                    return await handler(request, tenancy.owner(request.headers))
                 except WireError as exc:
                     return fail(exc)
             return Route(path, endpoint, methods=list(methods))
@@ -166,7 +161,8 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
     @route("/api/v1/create_session")
     async def create_session(request, who):
         req = await read_model(request, types.CreateSessionRequest)
-        session = service.create_session(who, req.tags, req.user_metadata, _project(req.project_id))
+        holder = tenancy.quota_holder(who, request.client.host if request.client else None)
+        session = service.create_session(who, req.tags, req.user_metadata, _project(req.project_id), holder=holder)
         return JSONResponse({"type": "create_session", "session_id": session.id})
 
     @route("/api/v1/session_heartbeat")
@@ -180,7 +176,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         raw = await body_bytes(request, MAX_JSON_BYTES)
         try:
             reason = str((json.loads(raw or b"{}").get("reason") or {}).get("type", "success"))[:40]
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             reason = "success"
         service.finish_session(request.path_params["session_id"], who, reason)
         return JSONResponse({})
@@ -252,7 +248,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         if not targets:
             raise WireError("this server adapts attention and MLP projections (train_attn, train_mlp); "
                             "train_unembed alone is not supported")
-        service.model_info(req.base_model)      # an unknown model is refused now, not in the future
+        await service.resolve(req.base_model)   # an unknown model is refused now, not in the future; off the loop
         model = service.add_model(session, req.model_seq_id, req.base_model, lora.rank,
                                   {"train_attn": lora.train_attn, "train_mlp": lora.train_mlp,
                                    "train_unembed": lora.train_unembed, "seed": lora.seed})
@@ -266,10 +262,9 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
                 service.models.pop(model.id, None)
                 session.models.discard(model.id)
                 raise
-            service.store.record_run(model.id, {
-                "base_model": req.base_model, "owner": who, "lora_rank": lora.rank, **model.lora,
-                "created": time.time(), "user_metadata": _str_dict(req.user_metadata),
-                "project_id": session.project_id})
+            service.store.record_run(model.id, new_run_record(
+                owner=who, base_model=req.base_model, lora_rank=lora.rank, lora=model.lora,
+                project_id=session.project_id, user_metadata=_str_dict(req.user_metadata)))
             return {"type": "create_model", "model_id": model.id}
         return future_reply(service.submit(session, "CreateModel", run), model_id=model.id)
 
@@ -424,8 +419,11 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
                     service.models.pop(model.id, None)
                     session.models.discard(model.id)
                     raise
-                service.store.record_run(model.id, {**run_info, "created": time.time(), "owner": who,
-                                                    "loaded_from": req.path, "project_id": session.project_id})
+                # weights from the checkpoint, identity from this request: the loaded run's record (its owner,
+                # its store run) is never copied, so this model's saves are registered as a run of the loader's
+                service.store.record_run(model.id, new_run_record(
+                    owner=who, base_model=model.base_model, lora_rank=model.rank, lora=lora,
+                    project_id=session.project_id, loaded_from=req.path))
             _trained(model).trainer.load_state(folder, with_optimizer=bool(req.optimizer))
             return {"type": "load_weights", "path": req.path, "model_id": model.id}
         return future_reply(service.submit(session, "LoadWeights", run), model_id=model.id)
@@ -452,7 +450,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             folder, base = None, req.base_model
         else:
             raise WireError("create_sampling_session needs base_model or model_path")
-        service.model_info(base)
+        await service.resolve(base)
 
         def run():     # on the worker: every torch computation of the server happens on that one thread
             client = _sampling_client(service, base, folder)
@@ -586,9 +584,12 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         if scope not in ("owned", "accessible"):
             raise WireError(f"access_scope is 'owned' or 'accessible', not {scope[:40]!r}")
         project = request.query_params.get("project_id")
-        found = service.store.runs(who, accessible=scope == "accessible")
-        runs = [run_entry(run_id, info, who) for run_id, info in found
-                if project is None or info.get("project_id") == project]
+
+        def read():     # every run folder is read: on a thread, so other tenants' requests go on meanwhile
+            found = service.store.runs(who, accessible=scope == "accessible")
+            return [run_entry(run_id, info, who) for run_id, info in found
+                    if project is None or info.get("project_id") == project]
+        runs = await asyncio.to_thread(read)
         runs.sort(key=lambda r: r["last_request_time"], reverse=True)
         shown, cursor = page(request, runs)
         return JSONResponse({"training_runs": shown, "cursor": cursor})
@@ -641,7 +642,8 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
 
     @route("/api/v1/checkpoints", methods=("GET",))
     async def all_checkpoints(request, who):
-        found = [c for run_id, _ in service.store.runs(who) for c in service.store.checkpoints(run_id, who)]
+        found = await asyncio.to_thread(        # reads every run folder: off the event loop
+            lambda: [c for run_id, _ in service.store.runs(who) for c in service.store.checkpoints(run_id, who)])
         found.sort(key=lambda c: c["time"], reverse=True)
         shown, cursor = page(request, found)
         return JSONResponse({"checkpoints": shown, "cursor": cursor})
@@ -776,5 +778,5 @@ class TinkerServer(EnvServer):
                          max_connections=1024)
 
     def stop(self) -> None:
+        self.app.state.service.close()      # unfinished requests answered first, while HTTP still serves
         super().stop()
-        self.app.state.service.close()

@@ -22,12 +22,13 @@ from pathlib import Path
 from strop.tinker_wire.codec import WireError
 
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
-RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}:train:[0-9]{1,9}$")
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+# used with fullmatch: `$` also matches before a final newline, which let a folder named "evil\n" through
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}:train:[0-9]{1,9}")
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise WireError(f"checkpoint name {name[:80]!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-' "
                         "(no '/' and not starting with '.')" if isinstance(name, str) else "a checkpoint name must be a string")
     return name
@@ -39,7 +40,7 @@ def parse_path(path: str) -> tuple[str, str, str]:
         raise WireError(f"{str(path)[:120]!r} is not a tinker:// checkpoint path; use the path a save returned, "
                         "such as tinker://RUN/weights/NAME")
     parts = path[len("tinker://"):].split("/")
-    if len(parts) != 3 or parts[1] not in KINDS or not RUN_ID.match(parts[0]):
+    if len(parts) != 3 or parts[1] not in KINDS or not RUN_ID.fullmatch(parts[0]):
         raise WireError(f"{path[:160]!r} is not a checkpoint path of this server (tinker://RUN/weights/NAME or "
                         "tinker://RUN/sampler_weights/NAME)")
     return parts[0], parts[1], check_name(parts[2])
@@ -61,7 +62,7 @@ class CheckpointStore:
         (self.root / "runs").mkdir(parents=True, exist_ok=True)
 
     def run_dir(self, run_id: str) -> Path:
-        if not RUN_ID.match(run_id):
+        if not RUN_ID.fullmatch(run_id):
             raise WireError(f"{run_id[:80]!r} is not a training run id of this server")
         return self.root / "runs" / run_id
 
@@ -179,6 +180,20 @@ class CheckpointStore:
         except (OSError, ValueError):
             return []
         return [c for c in self.checkpoints(run_id, owner) if c["public"]]
+
+    def reap_runs(self, in_use) -> list[str]:
+        """Remove the run folders that hold no checkpoint and whose run `in_use(run_id)` says is over (its
+        session gone): each model ever created leaves one, and listings read them all. The ids removed."""
+        removed = []
+        for folder in sorted((self.root / "runs").iterdir()):
+            run_id = folder.name
+            if not RUN_ID.fullmatch(run_id) or in_use(run_id):
+                continue
+            if any(any((folder / kind).iterdir()) for kind in KINDS if (folder / kind).is_dir()):
+                continue                        # it has checkpoints (or one being written): kept
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(run_id)
+        return removed
 
     def delete(self, path: str, owner: str) -> None:
         folder, _ = self.folder(path, owner)

@@ -49,10 +49,15 @@ SESSION_IDLE_S = 600.0          # no heartbeat nor request for this long: the se
 MAX_SAMPLES = 128               # num_samples in one sampling request
 SAMPLE_GATHER_S = 0.02          # the worker batches sampling requests until none has arrived for this long,
 SAMPLE_GATHER_MAX_S = 0.25      # or for at most this long
+FAILED_RESOLVE_S = 60.0         # a base model that could not be resolved is refused this long without a retry
 
 
 def owner_of(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()[:24]
+
+
+def _whose(owner: str, holder: str) -> str:
+    return "this API key" if holder == owner else "this client address (an open server's quotas are per address)"
 
 
 @dataclass
@@ -73,6 +78,7 @@ class FutureRecord:
 class Session:
     id: str
     owner: str
+    holder: str = ""                                 # whose quota it counts against (tenants.Tenancy)
     created: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
     finished: str | None = None
@@ -93,6 +99,7 @@ class Model:
     base_model: str
     rank: int
     lora: dict
+    holder: str = ""               # its session's quota holder
     client: Any = None             # strop TrainingClient, once created
     last_request: float = field(default_factory=time.time)
     seq_futures: dict = field(default_factory=dict)   # seq_id -> future id: a re-sent request is not run twice
@@ -121,7 +128,7 @@ class Job:
 
 class TinkerService:
     def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_checkpoint=None,
-                 log=None, start_worker: bool = True):
+                 log=None, start_worker: bool = True, resolve_model=None):
         """`start_worker=False`: the caller runs `work()` itself, on the thread that should do the computing
         (`strop serve-tinker` uses the main thread). Every torch computation of the server runs on the worker:
         a second thread that runs torch gets an OpenMP team of its own, and with more OpenMP threads than cores
@@ -144,6 +151,12 @@ class TinkerService:
         self.sample_batches: deque[int] = deque(maxlen=1000)   # requests per sampling batch, for the curious
         self._order: deque[str] = deque()          # sessions with queued jobs, in turn order
         self._model_info: dict[str, dict] = {}
+        # where base models come from (default strop.models.resolve_model, which may download for minutes): it
+        # runs on these threads, never on the event loop; a failure is remembered for FAILED_RESOLVE_S
+        self._resolve_model = resolve_model
+        self._failed_models: dict[str, tuple[float, str]] = {}
+        from concurrent.futures import ThreadPoolExecutor
+        self._resolver = ThreadPoolExecutor(max_workers=2, thread_name_prefix="strop-tinker-resolve")
         self._stop = False
         if start_worker:
             threading.Thread(target=self.work, name="strop-tinker-worker", daemon=True).start()
@@ -152,16 +165,19 @@ class TinkerService:
 
     # ---- sessions ------------------------------------------------------------------------------------
     def create_session(self, owner: str, tags: list, user_metadata: dict | None,
-                       project_id: str | None = None) -> Session:
+                       project_id: str | None = None, *, holder: str | None = None) -> Session:
+        """`holder`: whose quota the session counts against (`tenants.Tenancy.quota_holder`; the owner's by
+        default)."""
+        holder = owner if holder is None else holder
         with self.lock:
             live = [s for s in self.sessions.values() if not s.finished]
             if len(live) >= MAX_SESSIONS:
                 raise WireError(f"this server holds {MAX_SESSIONS} open sessions; close one (ServiceClient.close) "
                                 "or wait for idle ones to expire", status=503)
-            if sum(1 for s in live if s.owner == owner) >= MAX_SESSIONS_PER_KEY:
-                raise WireError(f"this API key has {MAX_SESSIONS_PER_KEY} open sessions; close one "
+            if sum(1 for s in live if s.holder == holder) >= MAX_SESSIONS_PER_KEY:
+                raise WireError(f"{_whose(owner, holder)} has {MAX_SESSIONS_PER_KEY} open sessions; close one "
                                 "(ServiceClient.close) before opening another")
-            session = Session(id="s" + secrets.token_hex(8), owner=owner,
+            session = Session(id="s" + secrets.token_hex(8), owner=owner, holder=holder,
                               tags=[str(t)[:100] for t in list(tags)[:32]],
                               user_metadata={str(k)[:100]: str(v)[:1000] for k, v in list(user_metadata.items())[:64]}
                               if isinstance(user_metadata, dict) else None, project_id=project_id)
@@ -198,6 +214,8 @@ class TinkerService:
     def new_future(self, owner: str, kind: str) -> FutureRecord:
         record = FutureRecord(id=f"f{secrets.token_hex(12)}", owner=owner, kind=kind)
         with self.lock:
+            if self._stop:
+                raise WireError("the server is stopping; start it again and resend the request", status=503)
             kept = self.owner_futures.setdefault(owner, deque())
             while len(kept) >= MAX_FUTURES:
                 old = self.futures.get(kept[0])
@@ -226,6 +244,8 @@ class TinkerService:
 
     def _complete(self, record: FutureRecord, payload=None, error: str | None = None, category: str = "user"):
         with self.lock:
+            if record.done:
+                return            # answered already (the server stopped while it ran): the first answer stands
             record.payload, record.error, record.category, record.done = payload, error, category, True
             waiters, record.waiters = record.waiters, []
         for loop, waiter in waiters:
@@ -329,9 +349,21 @@ class TinkerService:
             self._run(Job(job.session_id, job.future, finish))
 
     def _reap(self) -> None:
+        rounds = 0
         while not self._stop:
             time.sleep(5.0)
             self.reap()
+            rounds += 1
+            if rounds % 12 == 0:        # each minute: the run folders of sessions long gone, without checkpoints
+                self.reap_runs()
+
+    def reap_runs(self) -> list[str]:
+        """Remove run folders without checkpoints whose session this server no longer keeps (a finished session
+        is kept FINISHED_KEEP_S, and until its queued jobs ran; so no save of it can still come)."""
+        def in_use(run_id: str) -> bool:
+            with self.lock:
+                return run_id in self.models or run_id.split(":", 1)[0] in self.sessions
+        return self.store.reap_runs(in_use)
 
     def reap(self, now: float | None = None) -> None:
         """Close sessions idle past SESSION_IDLE_S (their models and samplers freed) and drop old results."""
@@ -349,10 +381,16 @@ class TinkerService:
                                     or now - record.created > RESULT_TTL_S):
                     self.futures.pop(fid, None)
 
-    def close(self) -> None:
+    def close(self, reason: str = "the server stopped before this request finished; start it again and resend "
+                                   "the request") -> None:
+        """Stop the worker and answer every unfinished request (queued or running) with `reason` at once: a
+        stopping server waits for no job, and no client is left polling a result that will never come."""
         with self.lock:
             self._stop = True
             self.lock.notify_all()
+            unfinished = [r for r in self.futures.values() if not r.done]
+        for record in unfinished:
+            self._complete(record, error=reason, category="server")
 
     def register(self, path: str, owner: str) -> str | None:
         """Make a saved checkpoint a tuned model in strop's store (`strop models list`, `strop serve`), when the
@@ -367,6 +405,13 @@ class TinkerService:
             return None
 
     # ---- models --------------------------------------------------------------------------------------
+    async def resolve(self, base_model: str) -> dict:
+        """`model_info`, with a model not resolved yet resolved on a resolver thread: a download blocks only the
+        request that asked for it, not every tenant's."""
+        if base_model in self._model_info:
+            return self._model_info[base_model]
+        return await asyncio.get_running_loop().run_in_executor(self._resolver, self.model_info, base_model)
+
     def model_info(self, base_model: str) -> dict:
         """The base model's folder, vocabulary size and context length; WireError for a model not on offer."""
         from strop.models import CATALOG, resolve_model   # lazy: part of the engine's import
@@ -374,10 +419,15 @@ class TinkerService:
             if base_model not in {entry.model_id for entry in CATALOG}:
                 names = ", ".join(entry.model_id for entry in CATALOG)
                 raise WireError(f"unknown base model {str(base_model)[:100]!r}; this server offers {names}")
+            failed = self._failed_models.get(base_model)
+            if failed and time.monotonic() - failed[0] < FAILED_RESOLVE_S:
+                raise WireError(f"{failed[1]} (remembered: tried again {FAILED_RESOLVE_S:g} s after it failed)")
             try:
-                folder = resolve_model(base_model)
+                folder = (self._resolve_model or resolve_model)(base_model)
             except StropError as exc:
-                raise WireError(f"base model {base_model!r} is not available here: {exc}") from None
+                message = f"base model {base_model!r} is not available here: {exc}"
+                self._failed_models[base_model] = (time.monotonic(), message)
+                raise WireError(message) from None
             config = json.loads((Path(folder) / "config.json").read_text())
             self._model_info[base_model] = {
                 "folder": str(folder), "vocab_size": int(config.get("vocab_size", 0)),
@@ -405,11 +455,11 @@ class TinkerService:
             if len(self.models) >= MAX_MODELS:
                 raise WireError(f"this server trains at most {MAX_MODELS} models at once; finish a session "
                                 "(ServiceClient.close) to free one")
-            if sum(1 for m in self.models.values() if m.owner == session.owner) >= MAX_MODELS_PER_KEY:
-                raise WireError(f"this API key trains {MAX_MODELS_PER_KEY} models already; finish a session "
-                                "(ServiceClient.close) to free one")
+            if sum(1 for m in self.models.values() if m.holder == session.holder) >= MAX_MODELS_PER_KEY:
+                raise WireError(f"{_whose(session.owner, session.holder)} trains {MAX_MODELS_PER_KEY} models "
+                                "already; finish a session (ServiceClient.close) to free one")
             model = Model(id=model_id, session_id=session.id, owner=session.owner, base_model=base_model, rank=rank,
-                          lora=lora)
+                          lora=lora, holder=session.holder)
             self.models[model_id] = model
             session.models.add(model_id)
         return model
