@@ -22,11 +22,12 @@ def register(nouns) -> None:
         epilog="example:\n  export STROP_TINKER_KEYS=tml-$(openssl rand -hex 16)\n"
                "  strop serve-tinker --port 8100 --api-key-env STROP_TINKER_KEYS &\n"
                "  TINKER_BASE_URL=http://127.0.0.1:8100 TINKER_API_KEY=$STROP_TINKER_KEYS python my_loop.py\n\n"
-               "Keys are required: --api-key-env names the variable holding the accepted key(s), one per tenant; "
-               "each key sees only its own sessions and checkpoints and has its own quota (16 sessions, 4 "
-               "training models). --open accepts any 'tml-' key instead (each still sees only its own work), "
-               "and then the quotas are per client address, since made-up keys cost nothing; behind a proxy "
-               "all clients share one address. Without either flag the server does not start.",
+               "--api-key-env names the variable holding the accepted key(s), one per tenant; each key sees only "
+               "its own sessions and checkpoints and has its own quota (16 sessions, 4 training models). Without "
+               "it the server is open: any 'tml-' key is accepted (each still sees only its own work) and the "
+               "quotas are per client address, since made-up keys cost nothing; behind a proxy all clients share "
+               "one address. An open server binds only to this machine unless --open says so: on any other "
+               "--host without --api-key-env it does not start.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
     p.add_argument("--port", type=int, default=8100, help="port (default: %(default)s; 0 takes a free one)")
@@ -34,8 +35,9 @@ def register(nouns) -> None:
                    help="accept only the key(s) in environment variable VAR (several separated by commas); "
                         "quotas are per key")
     p.add_argument("--open", action="store_true",
-                   help="accept any key starting with 'tml-' (each key still sees only its own work); sessions and "
-                        "training models are then counted per client address")
+                   help="accept any key starting with 'tml-' (each key still sees only its own work), with "
+                        "sessions and training models counted per client address: the default on loopback, "
+                        "needed to serve other machines without --api-key-env")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="what training computes in (default: %(default)s, bf16 where the CPU or GPU has it)")
     p.add_argument("--log-jobs", action="store_true",
@@ -45,6 +47,7 @@ def register(nouns) -> None:
 
 def run(args) -> int:
     # lazy: the server's modules (and torch behind them) load when it runs, not when `strop --help` parses
+    from strop.serve.guard import is_loopback
     from strop.serve.server import exposure_warning
     if not 0 <= args.port <= 65535:
         raise StropError(f"--port must be 0..65535, got {args.port}")
@@ -52,9 +55,13 @@ def run(args) -> int:
     if args.open and args.api_key_env:
         raise StropError("--open and --api-key-env exclude each other: --api-key-env accepts only its keys, --open "
                          "any key; pass one")
-    if not args.open and not args.api_key_env:
-        raise StropError("strop serve-tinker needs --api-key-env VAR (accept only the key(s) in $VAR, e.g. "
-                         "VAR=tml-$(openssl rand -hex 16)) or --open (any 'tml-' key, quotas per client address)")
+    if not args.open and not args.api_key_env and not is_loopback(args.host):
+        raise StropError(f"--host {args.host} serves other machines: pass --api-key-env VAR (accept only the "
+                         "key(s) in $VAR, e.g. VAR=tml-$(openssl rand -hex 16)) or --open (any 'tml-' key, quotas "
+                         "per client address)")
+    if not args.api_key_env:
+        print("strop serve-tinker: open mode, any 'tml-' key is accepted with quotas per client address "
+              "(--api-key-env VAR accepts only your keys)", file=sys.stderr)
     if args.api_key_env:
         value = os.environ.get(args.api_key_env, "")
         keys = {k.strip() for k in value.split(",") if k.strip()}
@@ -79,7 +86,7 @@ def run(args) -> int:
     log = (lambda line: print(f"strop serve-tinker: {line}", file=sys.stderr, flush=True)) if args.log_jobs else None
     service = TinkerService(strop_home() / "tinker", dtype=args.dtype, log=log, start_worker=False,
                             register_checkpoint=register_checkpoint)
-    server = TinkerServer(make_tinker_app(service, api_keys=keys, open_mode=args.open), host=args.host,
+    server = TinkerServer(make_tinker_app(service, api_keys=keys, open_mode=keys is None), host=args.host,
                           port=args.port).start()
     print(f"strop: tinker API at {server.url}  (TINKER_BASE_URL={server.url}; checkpoints under "
           f"{strop_home() / 'tinker'}; Ctrl-C stops)", file=sys.stderr, flush=True)
