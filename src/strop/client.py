@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from strop.engine.resources import GIB, plan_grpo_memory, vllm_kv_budget, vllm_share_bytes
 from strop.engine.samplers import check_sampler, make_engine, resolve_sampler
+from strop.engine.vllm_find import require_vllm  # noqa: F401  (the loop checks the sampler through the client)
 from strop.engine.precision import (check_dtype, engine_facts, gpus_value_problem, resolve_dtype, run_device,
                                     sampler_dtype_for, torch_dtype, train_device)
 from strop.cluster.settings import RaySettings

@@ -28,10 +28,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from strop import model_info, types
-from strop.client import ServiceClient
+from strop.client import ServiceClient, require_vllm
 from strop.cluster.settings import RaySettings
 from strop.data import Row, load_rows
-from strop.engine.vllm_find import require_vllm
 from strop.errors import StropError
 from strop.renderers import get_renderer
 from strop.rl import checkpoints

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -155,7 +156,6 @@ class TinkerService:
         # runs on these threads, never on the event loop; a failure is remembered for FAILED_RESOLVE_S
         self._resolve_model = resolve_model
         self._failed_models: dict[str, tuple[float, str]] = {}
-        from concurrent.futures import ThreadPoolExecutor
         self._resolver = ThreadPoolExecutor(max_workers=2, thread_name_prefix="strop-tinker-resolve")
         self._stop = False
         if start_worker:
