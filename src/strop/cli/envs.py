@@ -58,6 +58,14 @@ def register(nouns) -> None:
     ev.add_argument("--api-key-env", default="OPENAI_API_KEY", help="API key variable for openai:NAME@URL")
     ev.add_argument("--baseline", metavar="MODEL", help="also evaluate this model on the same tasks and compare "
                                                         "(per split: pass@1 of each, delta, exact McNemar p)")
+    ev.add_argument("--samples", type=int, metavar="K",
+                    help="also play each task K times sampled (2 to 1,024) and report headroom per kind of task: "
+                         "greedy pass@1, sampled pass@1, pass@K and the RL pool (tasks solved 1 to K-1 times)")
+    ev.add_argument("--temperature", type=float, default=1.0,
+                    help="temperature of the --samples episodes (default: %(default)g)")
+    ev.add_argument("--pool-out", type=Path, metavar="FILE",
+                    help="with --samples: write the RL-pool tasks to FILE as JSON lines (environment, options, "
+                         "split, index, task id, kind, successes of K); FILE must not exist")
     add_output_flags(ev)
     add_sampler_flag(ev)
     add_ray_flags(ev, env_workers=True)
@@ -177,14 +185,23 @@ def _evaluate(args, model_ref: str) -> dict:
     report = evaluate_env(target.get("openai") or target["basePath"], args.name,
                           splits=args.splits.split(",") if args.splits else None, limit=args.limit,
                           options={"seed": args.seed}, adapter=target.get("adapter"), max_tokens=args.max_tokens,
-                          api_key_env=args.api_key_env)
+                          api_key_env=args.api_key_env, samples=args.samples, temperature=args.temperature,
+                          seed=args.seed)
     return {**report, "model": model_ref}
 
 
 def _eval(args) -> int:
     # lazy: strop.evals.stats pulls in torch, numpy, which importing this module does not need
     from strop.evals.stats import discordant, mcnemar_exact
+    if args.pool_out is not None:
+        if args.samples is None:
+            raise StropError("--pool-out needs --samples K: the RL pool is the tasks solved 1 to K-1 times of K")
+        if args.pool_out.exists():
+            raise StropError(f"--pool-out {args.pool_out} exists; choose another file (it is never written over)")
     report = _evaluate(args, args.model)
+    if args.pool_out is not None:
+        report["poolOut"] = {"path": str(args.pool_out), "tasks": _write_pool(args.pool_out, report,
+                                                                             {"seed": args.seed})}
     if args.baseline:
         base = _evaluate(args, args.baseline)
         report["baseline"] = base
@@ -206,12 +223,49 @@ def _eval(args) -> int:
                 rubrics = "  ".join(f"{k} {v:.2f}" for k, v in s["rubrics"].items())
                 lines.append(f"  {split:<14} pass@1 {s['pass@1']:.1%} ({s['n']} tasks)  mean reward "
                              f"{s['meanReward']:.3f}  {rubrics}")
+            if "headroom" in who:
+                lines.append(headroom_table(who["headroom"]))
         for split, c in (r.get("comparison") or {}).items():
             lines.append(f"{split}: {c['model']:.1%} vs baseline {c['baseline']:.1%} ({c['delta']:+.1%}), exact McNemar "
                          f"p = {c['mcnemarP']:.3g} ({c['baselineOnly']} only baseline, {c['modelOnly']} only model)")
+        if "poolOut" in r:
+            lines.append(f"wrote {r['poolOut']['tasks']} RL-pool tasks to {r['poolOut']['path']}")
         return "\n".join(lines)
     emit(args, report, show)
     return 0
+
+
+def headroom_table(h: dict) -> str:
+    """One row per split and kind, a row per split, and one over every task."""
+    k = h["samples"]
+    columns = [("split", "SPLIT"), ("kind", "KIND"), ("tasks", "TASKS"), ("greedy", "GREEDY PASS@1"),
+               ("sampled", "SAMPLED PASS@1"), ("passk", f"PASS@{k}"), ("rlPool", f"RL POOL (1..{k - 1} OF {k})")]
+
+    def row(split, kind, f):
+        return {"split": split, "kind": kind, "tasks": f["tasks"], "greedy": f"{f['greedyPass@1']:.1%}",
+                "sampled": f"{f['sampledPass@1']:.1%}", "passk": f"{f[f'pass@{k}']:.1%}", "rlPool": f["rlPool"]}
+    rows = []
+    for split, s in h["splits"].items():
+        rows += [row(split, kind, f) for kind, f in s["kinds"].items()] + [row(split, "all", s["all"])]
+    if len(h["splits"]) > 1:
+        rows.append(row("all", "all", h["all"]))
+    title = f"  headroom: each task once greedily and {k} times sampled at temperature {h['temperature']:g}"
+    return title + "\n" + "\n".join("    " + line for line in format_table(rows, columns).splitlines())
+
+
+def _write_pool(path: Path, report: dict, options: dict) -> int:
+    # lazy: the statistics module loads only for this command
+    from strop.evals.headroom import TaskOutcome, pool_rows
+    rows = pool_rows([TaskOutcome(**t) for t in report["headroom"]["tasks"]], report["environment"], options)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(partial, path)  # a failure part-way leaves no half-written file under the name asked for
+    finally:
+        partial.unlink(missing_ok=True)
+    return len(rows)
 
 
 def _demos(args) -> int:

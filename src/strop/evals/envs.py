@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 import threading
+from dataclasses import asdict
 from concurrent.futures import ThreadPoolExecutor
 
 from strop import model_info
@@ -21,9 +22,12 @@ from strop.client import ServiceClient
 from strop.cluster.settings import RaySettings
 from strop.envs import get_env
 from strop.envs.rubrics import rubric_metrics
+from strop.errors import StropError
+from strop.evals.headroom import EPISODES_AT_ONCE, SAMPLES, TaskOutcome, headroom
 from strop.evals.openai_client import client_for, parse_openai_ref
 from strop.renderers import get_renderer
 from strop.rl.episodes import EnvironmentSource, EnvPool, cap_observation  # an endpoint model reads what a local one reads
+from strop.rl.limits import LIMITS
 from strop.rl.rollouts import play
 from strop.tokenizer_utils import get_tokenizer
 from strop.tool_calls import ToolCall
@@ -52,9 +56,12 @@ def valid_call_rate(episodes: list[dict]) -> dict[str, float]:
 def evaluate_env(model: str, env_name: str, *, splits: list[str] | None = None, limit: int | None = None,
                  options: dict | None = None, adapter: str | None = None, max_tokens: int = 256,
                  max_turns: int | None = None, api_key_env: str = "OPENAI_API_KEY", concurrency: int = 4,
-                 on_progress=None) -> dict:
+                 on_progress=None, samples: int | None = None, temperature: float = 1.0, seed: int = 0) -> dict:
     """pass@1, mean reward and rubrics per split of `env_name` for `model` (local, or openai:NAME@URL).
-    `on_progress(split, finished, total)` is called as episodes finish."""
+    `on_progress(split, finished, total)` is called as episodes finish. With `samples=K` a local model also
+    plays each task K times at `temperature` (seeded from `seed`), and out["headroom"] holds greedy pass@1,
+    sampled pass@1, pass@K and the RL pool per kind of task (`strop.evals.headroom`)."""
+    _check_sampling(model, samples, temperature)
     probe = get_env(env_name, **(options or {}))
     try:
         splits = splits or [s for s in probe.splits() if s != "train"] or probe.splits()
@@ -62,6 +69,7 @@ def evaluate_env(model: str, env_name: str, *, splits: list[str] | None = None, 
     finally:
         probe.close()
     out = {"model": model, "environment": env_name, "splits": {}}
+    outcomes: list[TaskOutcome] = []
     for split, split_tasks in tasks.items():
         if model.startswith("openai:"):
             episodes = _endpoint_episodes(model, env_name, options or {}, split_tasks, max_tokens=max_tokens,
@@ -72,7 +80,46 @@ def evaluate_env(model: str, env_name: str, *, splits: list[str] | None = None, 
                                        max_tokens=max_tokens, max_turns=max_turns,
                                        on_progress=_bound(on_progress, split))
         out["splits"][split] = _summary(episodes)
+        if samples:
+            sampled = _sampled_episodes(model, env_name, options or {}, split_tasks, adapter=adapter,
+                                        max_tokens=max_tokens, max_turns=max_turns, samples=samples,
+                                        temperature=temperature, seed=seed)
+            outcomes += [TaskOutcome(split, i, task.id, task.meta.get("kind"), greedy["passed"],
+                                     sum(e["passed"] for e in group), samples)
+                         for i, (task, greedy, group) in enumerate(zip(split_tasks, episodes, sampled))]
+            out["splits"][split]["samples"] = [[{k: e[k] for k in ("reward", "passed", "turns")} for e in group]
+                                               for group in sampled]
+    if samples:
+        out["headroom"] = {**headroom(outcomes, samples), "temperature": temperature,
+                           "tasks": [asdict(o) for o in outcomes]}
     return out
+
+
+def _check_sampling(model: str, samples: int | None, temperature: float) -> None:
+    if samples is None:
+        return
+    problem = SAMPLES.problem(samples)
+    if problem:
+        raise StropError(f"--samples {problem}")
+    problem = LIMITS["temperature"].problem(temperature)
+    if problem:
+        raise StropError(f"--temperature {problem}")
+    if model.startswith("openai:"):
+        raise StropError("--samples is for local models (base or tuned); an openai:NAME@URL endpoint is evaluated "
+                         "greedily once")
+
+
+def _sampled_episodes(model, env_name, options, tasks, *, adapter, max_tokens, max_turns, samples, temperature,
+                      seed) -> list[list[dict]]:
+    """Each task's `samples` episodes, a group each, as GRPO samples a group: one request of `samples`
+    completions for the group's shared first prompt. At most EPISODES_AT_ONCE episodes are played at a time."""
+    chunk = max(1, EPISODES_AT_ONCE // samples)
+    groups: list[list[dict]] = []
+    for start in range(0, len(tasks), chunk):
+        groups += _local_groups(model, env_name, options, tasks[start:start + chunk], adapter=adapter,
+                                max_tokens=max_tokens, max_turns=max_turns, on_progress=None, group=samples,
+                                temperature=temperature, seed=seed + start)
+    return groups
 
 
 def _bound(on_progress, split: str):
@@ -81,18 +128,24 @@ def _bound(on_progress, split: str):
 
 def _local_episodes(model, env_name, options, tasks, *, adapter, max_tokens, max_turns, on_progress) -> list[dict]:
     """Greedy episodes through strop's sampler: the rollout path training uses (`strop.rl.rollouts.play`)."""
+    return [e for [e] in _local_groups(model, env_name, options, tasks, adapter=adapter, max_tokens=max_tokens,
+                                       max_turns=max_turns, on_progress=on_progress)]
+
+
+def _local_groups(model, env_name, options, tasks, *, adapter, max_tokens, max_turns, on_progress, group=1,
+                  temperature=0.0, seed=0) -> list[list[dict]]:
     sampler = ServiceClient().create_sampling_client(base_model=model, model_path=adapter)
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
-    pool = EnvPool({"name": env_name, "options": options}, len(tasks), ray=RaySettings.from_environment())
+    pool = EnvPool({"name": env_name, "options": options}, len(tasks) * group, ray=RaySettings.from_environment())
     try:
         source = EnvironmentSource(pool, max_turns=max_turns)
-        groups = play(sampler, renderer, source.episodes(tasks, 1), max_tokens=max_tokens, temperature=0.0,
-                      on_turn=on_progress)
+        groups = play(sampler, renderer, source.episodes(tasks, group), max_tokens=max_tokens,
+                      temperature=temperature, seed=seed, on_turn=on_progress)
     finally:
         pool.close()
-    return [{"task": r.task_id, "gold": r.gold, "reward": r.reward, "passed": _passed(r.reward, r.info),
-             "turns": len(r.turns), "invalidCalls": r.parse_errors, "state": r.state, "transcript": r.transcript()}
-            for [r] in groups]
+    return [[{"task": r.task_id, "gold": r.gold, "reward": r.reward, "passed": _passed(r.reward, r.info),
+              "turns": len(r.turns), "invalidCalls": r.parse_errors, "state": r.state, "transcript": r.transcript()}
+             for r in g] for g in groups]
 
 
 def _endpoint_episodes(model, env_name, options, tasks, *, max_tokens, max_turns, api_key_env, concurrency,

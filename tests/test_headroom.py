@@ -1,0 +1,94 @@
+"""Headroom before compute (`strop envs eval --samples K`): the figures by hand, then end to end with the tiny
+model on the toy environment and on finance-sql through the CLI."""
+
+import json
+
+import pytest
+
+from strop.cli.main import main
+from strop.errors import StropError
+from strop.evals.envs import evaluate_env
+from strop.evals.headroom import TaskOutcome, figures, headroom, in_pool, pool_rows
+
+
+def _o(split, index, kind, greedy, successes, samples=4):
+    return TaskOutcome(split, index, f"{split}-{index}", kind, greedy, successes, samples)
+
+
+def test_figures_worked_by_hand():
+    # successes of 4: 0, 1, 3, 4; greedy right on the last two
+    outcomes = [_o("e", 0, "a", False, 0), _o("e", 1, "a", False, 1), _o("e", 2, "b", True, 3), _o("e", 3, "b", True, 4)]
+    f = figures(outcomes, 4)
+    assert f["tasks"] == 4 and f["greedyPass@1"] == 0.5
+    assert f["sampledPass@1"] == pytest.approx((0 + 1 + 3 + 4) / 16)   # 0.5
+    assert f["pass@4"] == pytest.approx(3 / 4)                         # any sample right: three of four tasks
+    assert f["rlPool"] == 2 and f["neverSolved"] == 1 and f["alwaysSolved"] == 1
+    h = headroom(outcomes + [_o("m", 0, None, False, 2)], 4)
+    assert h["splits"]["e"]["kinds"]["a"] == {"tasks": 2, "greedyPass@1": 0.0, "sampledPass@1": 0.125, "pass@4": 0.5,
+                                              "rlPool": 1, "neverSolved": 1, "alwaysSolved": 0}
+    assert h["splits"]["e"]["kinds"]["b"]["sampledPass@1"] == pytest.approx(7 / 8)
+    assert h["splits"]["m"]["kinds"]["-"]["rlPool"] == 1                 # no kind given
+    assert h["all"]["tasks"] == 5 and h["all"]["rlPool"] == 3
+    assert h["all"]["sampledPass@1"] == pytest.approx((0 + 1 + 3 + 4 + 2) / 20)
+    assert not in_pool(0, 4) and in_pool(1, 4) and in_pool(3, 4) and not in_pool(4, 4)
+    rows = pool_rows(outcomes, "toy", {"seed": 0})
+    assert [(r["index"], r["successes"]) for r in rows] == [(1, 1), (2, 3)]
+    assert rows[0] == {"environment": "toy", "options": {"seed": 0}, "split": "e", "index": 1, "task": "e-1",
+                       "kind": "a", "successes": 1, "samples": 4}
+    with pytest.raises(ValueError, match="successes must be between 0 and samples=4"):
+        _o("e", 0, "a", False, 5)
+
+
+@pytest.mark.parametrize("samples, temperature, message", [(1, 1.0, "--samples must be an integer from 2"),
+                                                           (10**6, 1.0, "--samples must be an integer from 2 to 1,024"),
+                                                           (4, 0.0, "--temperature must be a number greater than 0")])
+def test_bad_samples_or_temperature_are_refused_before_anything_loads(samples, temperature, message):
+    with pytest.raises(StropError, match=message):
+        evaluate_env("no/such-model", "toy_env:ToyEnv", samples=samples, temperature=temperature)
+
+
+def _check_arithmetic(report, samples):
+    h = report["headroom"]
+    assert h["samples"] == samples and h["temperature"] == 1.0
+    for split, s in report["splits"].items():
+        assert len(s["samples"]) == s["n"] and all(len(g) == samples for g in s["samples"])
+        mine = [t for t in h["tasks"] if t["split"] == split]
+        assert [t["successes"] for t in mine] == [sum(e["passed"] for e in g) for g in s["samples"]]
+        assert [t["greedy"] for t in mine] == [e["passed"] for e in s["episodes"]]
+        n = len(mine)
+        assert h["splits"][split]["all"]["tasks"] == n
+        assert h["splits"][split]["all"]["greedyPass@1"] == pytest.approx(s["pass@1"])
+        assert h["splits"][split]["all"]["sampledPass@1"] == pytest.approx(sum(t["successes"] for t in mine) /
+                                                                           (n * samples))
+        assert h["splits"][split]["all"][f"pass@{samples}"] == pytest.approx(sum(t["successes"] > 0 for t in mine) / n)
+        assert sum(f["tasks"] for f in h["splits"][split]["kinds"].values()) == n
+
+
+def test_a_local_model_on_the_toy_environment(tiny_model_dir):
+    report = evaluate_env(str(tiny_model_dir), "toy_env:ToyEnv", limit=2, options={"max_turns": 1}, max_tokens=6,
+                          samples=3)
+    _check_arithmetic(report, 3)
+    assert list(report["headroom"]["splits"]["eval"]["kinds"]) == ["-"]  # the toy's tasks have no kind
+
+
+def test_envs_eval_samples_on_finance_sql_writes_the_table_json_and_pool(tiny_model_dir, tmp_path, capsys):
+    pool = tmp_path / "pool.jsonl"
+    argv = ["envs", "eval", "finance-sql", "--model", str(tiny_model_dir), "--splits", "eval-multi", "--limit", "3",
+            "--max-tokens", "6", "--samples", "2", "--pool-out", str(pool)]
+    assert main([*argv, "-o", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    _check_arithmetic(report, 2)
+    from strop.envs import get_env
+    env = get_env("finance-sql", seed=0)
+    kinds = {t.meta["kind"] for t in env.tasks("eval-multi", 3)}
+    env.close()
+    assert set(report["headroom"]["splits"]["eval-multi"]["kinds"]) == kinds
+    lines = pool.read_text().splitlines()
+    assert len(lines) == report["headroom"]["all"]["rlPool"] == report["poolOut"]["tasks"]
+    assert main([*argv]) == 1  # the pool file exists now: refused, not written over
+    assert "exists" in capsys.readouterr().err
+    assert main([*argv[:-2]]) == 0
+    out = capsys.readouterr().out
+    assert "SAMPLED PASS@1" in out and "PASS@2" in out and "RL POOL (1..1 OF 2)" in out
+    assert main(["envs", "eval", "finance-sql", "--model", str(tiny_model_dir), "--pool-out", str(tmp_path / "x")]) == 1
+    assert "--pool-out needs --samples" in capsys.readouterr().err
