@@ -41,7 +41,9 @@ def test_figures_worked_by_hand():
 
 @pytest.mark.parametrize("samples, temperature, message", [(1, 1.0, "--samples must be an integer from 2"),
                                                            (10**6, 1.0, "--samples must be an integer from 2 to 1,024"),
-                                                           (4, 0.0, "--temperature must be a number greater than 0")])
+                                                           (4, 0.0, "--temperature must be a number greater than 0"),
+                                                           (None, float("nan"), "--temperature must be a number"),
+                                                           (None, 0.5, "applies to the --samples K episodes")])
 def test_bad_samples_or_temperature_are_refused_before_anything_loads(samples, temperature, message):
     with pytest.raises(StropError, match=message):
         evaluate_env("no/such-model", "toy_env:ToyEnv", samples=samples, temperature=temperature)

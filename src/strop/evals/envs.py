@@ -96,14 +96,18 @@ def evaluate_env(model: str, env_name: str, *, splits: list[str] | None = None, 
 
 
 def _check_sampling(model: str, samples: int | None, temperature: float) -> None:
+    # checked even without --samples: a bad value the greedy run would ignore is still a mistake worth naming
+    problem = LIMITS["temperature"].problem(temperature)
+    if problem:
+        raise StropError(f"--temperature {problem}")
     if samples is None:
+        if temperature != 1.0:
+            raise StropError(f"--temperature {temperature:g} applies to the --samples K episodes; without --samples "
+                             "every episode is played greedily once. Add --samples K or leave --temperature out")
         return
     problem = SAMPLES.problem(samples)
     if problem:
         raise StropError(f"--samples {problem}")
-    problem = LIMITS["temperature"].problem(temperature)
-    if problem:
-        raise StropError(f"--temperature {problem}")
     if model.startswith("openai:"):
         raise StropError("--samples is for local models (base or tuned); an openai:NAME@URL endpoint is evaluated "
                          "greedily once")
