@@ -21,6 +21,7 @@ from strop.rl.episodes import ToolEpisode
 from strop.rl.rollouts import rollout_datums
 from strop.rl.types import Rollout, Turn
 from strop.tokenizer_utils import get_tokenizer
+from test_control import home, workspace  # noqa: F401 - fixtures of the control-plane tests
 from toy_env import ToyEnv
 
 
@@ -212,3 +213,106 @@ def test_skipping_identical_turns_leaves_the_gradient_as_it_was(tiny_model_dir):
     assert g_full.keys() == g_skipped.keys() and len(g_full) > 0
     for name in g_full:
         assert torch.allclose(g_full[name], g_skipped[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_the_settings_are_checked_and_named_in_each_front_end():
+    env = {"name": "toy_env:ToyEnv"}
+    config = GRPOConfig(environment=env, branch_at_turn=3, identical_turns="train")
+    assert (config.branch_at_turn, config.identical_turns) == (3, "train")
+    assert (GRPOConfig().branch_at_turn, GRPOConfig().identical_turns) == (None, "auto")
+    with pytest.raises(StropError) as err:
+        GRPOConfig(environment=env, branch_at_turn=0, identical_turns="never")
+    assert "branch_at_turn: must be an integer from 1 to 1,000, or null (got 0)" in str(err.value)
+    assert "identical_turns: must be one of auto, skip, train, got 'never'" in str(err.value)
+    with pytest.raises(StropError, match="branch_at_turn: branches the episodes of a tool-use environment"):
+        GRPOConfig(branch_at_turn=2)   # a dataset
+
+
+def test_the_descriptor_maps_branch_at_turn_and_identical_turns_with_their_paths():
+    from strop.control import validate_descriptor
+    from test_descriptor import problems, seed
+    data = seed()
+    data["config"]["rlHyperparams"].update(branchAtTurn=2, identicalTurns="skip")
+    data["config"].pop("dataset"), data["config"].pop("reward")
+    data["config"]["environment"] = {"name": "toy_env:ToyEnv", "options": {"max_turns": 3}}
+    run = validate_descriptor(data)
+    config = run.to_grpo_config(None, [])
+    assert (config.branch_at_turn, config.identical_turns, config.environment["name"]) == (2, "skip", "toy_env:ToyEnv")
+    default = validate_descriptor(seed()).to_dict()["config"]["rlHyperparams"]
+    assert default["branchAtTurn"] is None and default["identicalTurns"] == "auto"
+
+    data["config"]["rlHyperparams"].update(branchAtTurn=0, identicalTurns="sometimes")
+    found = problems(data)
+    assert any(p.startswith("$.config.rlHyperparams.branchAtTurn: must be an integer from 1 to 1,000") for p in found)
+    assert any(p.startswith('$.config.rlHyperparams.identicalTurns: must be "auto"') for p in found), found
+    dataset = seed()
+    dataset["config"]["rlHyperparams"]["branchAtTurn"] = 2
+    assert problems(dataset) == ["$.config.rlHyperparams.branchAtTurn: branches the episodes of a tool-use "
+                                 "environment ($.config.environment); a dataset's episodes have one turn: remove "
+                                 "branchAtTurn, or train in an environment"]
+
+
+def test_strop_train_takes_an_environment_and_branches_it(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import json
+    from pathlib import Path
+    from strop.cli.main import main
+    assert main(["train", "--branch-at-turn", "0", "--identical-turns", "train"]) == 1
+    err = capsys.readouterr().err
+    assert "--branch-at-turn (branch_at_turn): must be an integer from 1 to 1,000" in err
+    assert main(["train", "--branch-at-turn", "2"]) == 1
+    assert "--branch-at-turn (branch_at_turn): branches the episodes of a tool-use environment" in capsys.readouterr().err
+    assert main(["train", "--method", "sft", "--dataset", "x.jsonl", "--branch-at-turn", "2"]) == 1
+    assert "--branch-at-turn: a GRPO setting" in capsys.readouterr().err
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    run_dir = tmp_path / "run"
+    code = main(["train", "--base-model", str(tiny_model_dir), "--environment", "toy_env:ToyEnv", "--env-option",
+                 "max_turns=3", "--branch-at-turn", "2", "--identical-turns", "train", "--group-size", "2",
+                 "--batch-size", "2", "--steps", "1", "--max-tokens", "6", "--rank", "4", "--run-dir", str(run_dir),
+                 "--quiet", "-o", "json"])
+    assert code == 0, capsys.readouterr().err
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert (saved["branch_at_turn"], saved["identical_turns"]) == (2, "train")
+    assert saved["environment"] == {"name": "toy_env:ToyEnv", "options": {"max_turns": 3}, "split": "train"}
+    [row] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert row["untrainedTurns"] == 0 and row["trainedTokens"] == 0.0   # a random model: no reward, no signal
+    records = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(r["untrainedTurns"] == 1 and r["turns"] == 3 for r in records)
+    # each group's two episodes read the same first reply and observation
+    for a, b in (records[0:2], records[2:4]):
+        assert a["transcript"][:3] == b["transcript"][:3]
+
+
+def test_a_branched_step_trains_only_the_continuations(tiny_model_dir, renderer):
+    """learn_step on a branched group with the real trainer: 4 continuations of one submit each are trained,
+    the shared add is not, and the metrics say so."""
+    import strop
+    from strop.rl.episodes import EnvironmentSource, EnvPool
+    from strop.rl.step import Sampled, StepContext, adam_params, learn_step
+    config = GRPOConfig(base_model=str(tiny_model_dir), environment={"name": "toy_env:ToyEnv"}, group_size=4,
+                        batch_size=1, branch_at_turn=2, lora_rank=4)
+    envs = [ToyEnv(max_turns=3) for _ in range(4)]
+    [group] = play_branched(Scripted(renderer, add_then_answer), renderer, episodes_of(envs, envs[0].tasks("train", 1)),
+                            group_size=4, branch_at=2, max_tokens=64, seed=0)
+    training = strop.ServiceClient().create_lora_training_client(base_model=str(tiny_model_dir), rank=4, seed=0)
+    pool = EnvPool({"name": "toy_env:ToyEnv"}, 4)
+    ctx = StepContext(config=config, training=training, renderer=renderer, source=EnvironmentSource(pool),
+                      adam=adam_params(config))
+    row = learn_step(ctx, Sampled(step=0, groups=[group], seconds=1.0, policy_step=0)).as_row()
+    submit = [len(r.turns[1].tokens) for r in group]
+    assert row["untrainedTurns"] == 4 and row["datums"] == 4 and row["trainedTokens"] == sum(submit)
+
+
+def test_a_run_in_an_environment_pins_its_branch_turn(workspace, capsys, monkeypatch):  # noqa: F811
+    import json
+    from pathlib import Path
+    from test_control import descriptor, run
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    path = descriptor(workspace, **{"config.dataset": None, "config.reward": None,
+                                    "config.environment": {"name": "toy_env:ToyEnv", "options": {"max_turns": 3}},
+                                    "config.rlHyperparams.branchAtTurn": 2, "config.rlHyperparams.klBeta": 0.1})
+    code, out, err = run(capsys, "runs", "start", "-f", path, "--dry-run", "-o", "json")
+    assert code == 0, err
+    pinned = json.loads(out)["pinned"]["rl"]
+    # a KL penalty: identical turns are trained under auto (their KL terms do not cancel)
+    assert (pinned["branchAtTurn"], pinned["identicalTurns"]) == (2, "train")
