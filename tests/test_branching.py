@@ -146,10 +146,24 @@ class Drifting(ToyEnv):
                             result.reward, result.done, result.info)
 
 
+class Greeting(ToyEnv):
+    """An environment whose first observation carries a counter: no two resets alike."""
+
+    counter = itertools.count()
+
+    def reset(self, task):
+        return type(super().reset(task))(f"{task.prompt} (episode {next(self.counter)})")
+
+
 def test_an_environment_that_answers_a_replay_differently_stops_the_step(renderer):
     envs = [Drifting(max_turns=3) for _ in range(2)]
     with pytest.raises(StropError, match=r"replaying task 0 of the step, turn 1 gave '2.0 #1' where the episode "
                                          r"that was branched got '2.0 #0'.*same observations"):
+        play_branched(Scripted(renderer, add_then_answer), renderer, episodes_of(envs, envs[0].tasks("train", 1)),
+                      group_size=2, branch_at=2, max_tokens=64, seed=0)
+    envs = [Greeting(max_turns=3) for _ in range(2)]
+    with pytest.raises(StropError, match=r"replaying task 0 of the step, its reset gave '.*\(episode 1\)' where "
+                                         r"the episode that was branched got '.*\(episode 0\)'"):
         play_branched(Scripted(renderer, add_then_answer), renderer, episodes_of(envs, envs[0].tasks("train", 1)),
                       group_size=2, branch_at=2, max_tokens=64, seed=0)
 

@@ -68,7 +68,7 @@ def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at:
         at = reached + 1 if not ended[t] and reached < limit else reached  # the turn the members sample first
         shared = max(0, at - 1)
         observations = [m["content"] for m in messages[t][opening[t] + 1:opening[t] + 2 * shared:2]]
-        prefixes.append((turns[t][:shared], observations))
+        prefixes.append((messages[t][:opening[t]], turns[t][:shared], observations))
     groups = episodes_of(group_size)
     members = [(t, k, episode) for t, group in enumerate(groups) for k, episode in enumerate(group)]
     starts = start_episodes(members)
@@ -76,7 +76,7 @@ def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at:
     rolled = play(sampler, renderer, groups, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                   seed=seed + BRANCH_SEED, max_turns=max_turns, on_turn=on_turn,
                   started=[[replayed[t * group_size + k] for k in range(len(group))] for t, group in enumerate(groups)])
-    return [tuple(dataclasses.replace(r, shared_turns=len(prefixes[t][0])) for r in group)
+    return [tuple(dataclasses.replace(r, shared_turns=len(prefixes[t][1])) for r in group)
             for t, group in enumerate(rolled)]
 
 
@@ -86,21 +86,25 @@ def _replay(members: list, starts: list[list[dict]], prefixes: list) -> list[tup
     def replay(i: int) -> tuple[list[dict], list]:
         t, _, episode = members[i]
         messages = list(starts[i])
-        scout_turns, observations = prefixes[t]
+        opening, scout_turns, observations = prefixes[t]
+        if messages != opening:
+            _differs(t, "its reset", str(messages[-1]["content"]), str(opening[-1]["content"]))
         for j, (turn, seen) in enumerate(zip(scout_turns, observations)):
             messages.append({"role": "assistant", "content": turn.text})
             observation = episode.act(turn.text)
             if observation != seen:
-                got = "the end of the episode" if observation is None else repr(observation[:120])
-                raise StropError(
-                    f"branch_at_turn (rlHyperparams.branchAtTurn): replaying task {t} of the step, turn {j + 1} "
-                    f"gave {got} where the episode that was branched got {seen[:120]!r}; branching rebuilds the "
-                    "state by replaying its calls, so it needs an environment whose reset and step give the same "
-                    "observations for the same task and calls. Make the environment deterministic (seed what it "
-                    "draws), or train without branchAtTurn")
+                _differs(t, f"turn {j + 1}", "the end of the episode" if observation is None else observation, seen)
             messages.append({"role": "tool", "content": observation})
         return messages, list(scout_turns)
     return each_episode(members)(replay, range(len(members)))
+
+
+def _differs(task: int, where: str, got: str, seen: str) -> None:
+    raise StropError(
+        f"branch_at_turn (rlHyperparams.branchAtTurn): replaying task {task} of the step, {where} gave {got[:120]!r} "
+        f"where the episode that was branched got {seen[:120]!r}; branching rebuilds the state by replaying its "
+        "calls, so it needs an environment whose reset and step give the same observations for the same task and "
+        "calls. Make the environment deterministic (seed what it draws), or train without branchAtTurn")
 
 
 def identical_turns(group) -> int:
