@@ -26,7 +26,8 @@ def test_a_run_continues_from_a_tuned_model(workspace, capsys):  # noqa: F811
     # the KL reference is the tuned model the run starts from, pinned by name with the settings of what it learns from
     assert json.loads(out)["pinned"]["rl"] == {"klReference": "start", "klReferenceModel": first["modelId"],
                                                "varianceOn": None, "warmupSteps": 0,
-                                               "dynamicSampling": {"enabled": False, "maxTasksPerStep": None}}
+                                               "dynamicSampling": {"enabled": False, "maxTasksPerStep": None},
+                                               "branchAtTurn": None, "identicalTurns": "skip"}
     second = _finished(capsys, second_path)
     assert second["baseModel"] == "strop/tiny-random"
     assert second["lineage"] == [{"baseModel": "strop/tiny-random"},

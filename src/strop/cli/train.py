@@ -13,6 +13,7 @@ from pathlib import Path
 from strop.cli.output import add_output_flags, emit, format_table
 from strop.errors import StropError
 from strop.paths import runs_dir, safe_name
+from strop.rl.branching import IDENTICAL_TURNS
 from strop.rl.config import LOSS_FNS, GRPOConfig
 from strop.scoring.bundles import absolute_ref
 
@@ -28,14 +29,22 @@ def register(nouns) -> None:
         epilog="examples:\n"
                "  strop train --base-model strop/tiny-random --dataset synthetic:add --steps 3\n"
                "  strop train --dataset gsm8k --reward builtin:gsm8k=1.0 --reward builtin:gsm8k-format=0.1\n"
-               "  strop train --dataset data/train.jsonl --reward ./scoring#reward:compute_score",
+               "  strop train --dataset data/train.jsonl --reward ./scoring#reward:compute_score\n"
+               "  strop train --environment finance-sql --group-size 8 --branch-at-turn 3",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
                    help="catalog id, hub id, local HF directory, or strop/tiny-random (default: %(default)s)")
     p.add_argument("--dataset", default="synthetic:add",
                    help="synthetic[:LEVEL] (levels: add, add-sub, mul, mixed, word-1, word-2, word-3), gsm8k, or a "
                         ".jsonl/.json/.parquet file with question and answer fields (default: %(default)s)")
-    p.add_argument("--limit", type=int, help="use only the first N rows of the dataset")
+    p.add_argument("--limit", type=int, help="use only the first N rows of the dataset (or tasks of --environment)")
+    p.add_argument("--environment", metavar="ENV",
+                   help="train in a tool-use environment's episodes instead of on --dataset: a registered one "
+                        "(finance-sql; `strop envs list`), an OpenEnv server's URL or package.module:ClassName; "
+                        "rewarded by the environment, on its train split")
+    p.add_argument("--env-option", action="append", metavar="KEY=VALUE",
+                   help="an option of --environment (VALUE read as JSON where it parses, else as text), e.g. "
+                        "seed=3; repeat for several")
     p.add_argument("--reward", action="append", metavar="REF[=WEIGHT]",
                    help="a reward term: builtin:gsm8k, builtin:gsm8k-format or DIR[#MODULE[:FUNCTION]], with an "
                         "optional weight (default 1.0); repeat for several terms (default: builtin:gsm8k)")
@@ -68,6 +77,16 @@ def register(nouns) -> None:
                         "--batch-size)")
     p.add_argument("--warmup-steps", type=int, metavar="N",
                    help="raise the learning rate linearly over the first N steps (default: 0, no warm-up)")
+    p.add_argument("--branch-at-turn", type=int, metavar="N",
+                   help="tool-use environments: play each task once up to model turn N, then sample the group on "
+                        "from exactly that state, so the group's mean is a baseline for turn N's decision; the "
+                        "shared turns are sampled and trained once, with no advantage (1: an ordinary group; an "
+                        "episode that ends sooner branches at its last turn). Needs an environment that answers the "
+                        "same calls the same way (default: no branching)")
+    p.add_argument("--identical-turns", choices=IDENTICAL_TURNS,
+                   help="turns every episode of a group wrote alike: skip leaves them out of the update, train "
+                        "trains them, auto (default) skips them where the gradient is the same either way "
+                        "(--loss importance_sampling or cispo, --kl-beta 0)")
     p.add_argument("--loss", default="importance_sampling", choices=LOSS_FNS,
                    help="policy loss (default: %(default)s)")
     p.add_argument("--scale-by-std", action="store_true", help="divide advantages by the group's reward std")
@@ -134,13 +153,19 @@ FLAG_FIELDS = {"--base-model": "base_model", "--dataset": "dataset", "--limit": 
                "--rollout-correction-cap": "rollout_correction_cap", "--sampler": "sampler",
                "--max-off-policy-steps": "max_off_policy_steps", "--kl-reference": "kl_reference",
                "--variance-on": "variance_on", "--dynamic-sampling": "dynamic_sampling",
-               "--max-tasks-per-step": "max_tasks_per_step", "--warmup-steps": "warmup_steps"}
+               "--max-tasks-per-step": "max_tasks_per_step", "--warmup-steps": "warmup_steps",
+               "--branch-at-turn": "branch_at_turn", "--identical-turns": "identical_turns"}
 RAY_FLAGS = "--ray-address/--samplers/--trainers"
 
 
 def config_values(args, rewards: list[dict]) -> dict:
     """The run config's values the flags give (a flag left out keeps the config's default)."""
     values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in FLAG_FIELDS.items()}
+    if args.environment is not None:
+        values["environment"] = {"name": args.environment, "options": env_options(args.env_option or []),
+                                 "split": "train"}
+    elif args.env_option:
+        raise StropError("--env-option sets an option of --environment: give --environment too")
     if values["init_adapter"]:  # absolute, so a resumed run finds it wherever it is started from
         values["init_adapter"] = str(Path(values["init_adapter"]).resolve())
     if args.ray_address is not None or args.samplers is not None or args.trainers is not None:
@@ -161,12 +186,29 @@ def flag_problems(args, rewards: list[dict]) -> list[str]:
             problems.append(f"{flags[name]} ({name}): {problem}")
         elif name == "ray":
             problems.append(f"{RAY_FLAGS}: {problem}")
+        elif name == "environment":
+            problems.append(f"--environment/--env-option: {problem}")
         elif name.startswith("reward_terms[") and args.reward:
             spec = args.reward[int(name[len("reward_terms["):name.index("]")])]
             problems.append(f"--reward {spec[:80]!r}: the weight {problem}")
         else:
             problems.append(f"{name}: {problem}")
     return problems
+
+
+def env_options(specs: list[str]) -> dict:
+    """--env-option KEY=VALUE pairs as the environment's options: VALUE as JSON where it parses (3, true,
+    "text"), else the text itself."""
+    options = {}
+    for spec in specs:
+        key, eq, value = spec.partition("=")
+        if not eq or not key.strip():
+            raise StropError(f"--env-option {spec[:80]!r}: give KEY=VALUE, e.g. seed=3")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options
 
 
 def parse_reward(spec: str) -> dict:
@@ -184,7 +226,8 @@ def parse_reward(spec: str) -> dict:
 GRPO_ONLY = ("--limit", "--reward", "--group-size", "--max-tokens", "--temperature", "--kl-beta", "--loss",
              "--scale-by-std", "--system-prompt", "--question-suffix", "--rollout-correction",
              "--rollout-correction-cap", "--sampler", "--samplers", "--max-off-policy-steps", "--kl-reference",
-             "--variance-on", "--dynamic-sampling", "--max-tasks-per-step", "--warmup-steps")
+             "--variance-on", "--dynamic-sampling", "--max-tasks-per-step", "--warmup-steps", "--branch-at-turn",
+             "--identical-turns", "--environment", "--env-option")
 
 
 def run(args) -> int:

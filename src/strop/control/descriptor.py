@@ -46,7 +46,7 @@ from strop.cluster.settings import ADDRESS_HELP, address_ok
 from strop.errors import StropError
 from strop.files import FileKindError, open_regular
 from strop.names import escape_hidden, label_problem, registry_name_problem, registry_ref_problem
-from strop.control.descriptor_sampling import sampling_problems
+from strop.control.descriptor_sampling import branching_problems, sampling_problems
 from strop.rl.config import GRPOConfig
 from strop.rl.limits import LIMITS
 from strop.scoring.bundles import BUILTINS
@@ -149,6 +149,10 @@ class RLHyperparams(_Strict):
     dynamic_sampling: DynamicSamplingSpec = _field(
         default_factory=DynamicSamplingSpec, accepts='{"enabled": true, "maxTasksPerStep": N}: draw further tasks '
                                                      'until batchSize groups have variance')
+    # turn-level credit (strop.rl.branching): a group branched at a turn; turns the whole group wrote alike
+    branch_at_turn: int | None = _limited("branch_at_turn", None, optional=True)
+    identical_turns: Literal["auto", "skip", "train"] = _field(
+        "auto", accepts='"auto" (skip them where that changes no gradient: klBeta 0), "skip" or "train"')
 
 
 class SFTHyperparams(_Strict):
@@ -492,7 +496,7 @@ def cross_field_problems(data: Any) -> list[str]:
 
     config = child(data, "config", dict)
     hp = child(config, "rlHyperparams", dict)
-    problems += sampling_problems(hp)
+    problems += sampling_problems(hp) + branching_problems(config)
     seq, completion = config.get("maxSeqLength"), hp.get("maxCompletionLength")
     in_range = all(_is_int(v, least=0) and LIMITS[name].problem(v) is None
                    for name, v in (("max_seq_length", seq), ("max_completion_length", completion)))

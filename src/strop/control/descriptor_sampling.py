@@ -1,5 +1,6 @@
-"""The run descriptor's checks between the settings of dynamic sampling and the batch they fill, on raw data so
-they are reported alongside single-field errors (`strop.control.descriptor.cross_field_problems` calls this).
+"""The run descriptor's checks between the settings of dynamic sampling and the batch they fill, and between
+branchAtTurn and what is trained on, on raw data so they are reported alongside single-field errors
+(`strop.control.descriptor.cross_field_problems` calls these).
 
     sampling_problems({"batchSize": 8, "dynamicSampling": {"enabled": True, "maxTasksPerStep": 4}})
     # ['$.config.rlHyperparams.dynamicSampling.maxTasksPerStep: must be at least $.config.rlHyperparams.batchSize ...']
@@ -31,6 +32,17 @@ def sampling_problems(hp: Any) -> list[str]:
         return [f"{_AT}.maxTasksPerStep: must be at least $.config.rlHyperparams.batchSize ({batch}): the step's own "
                 f"batch is drawn first (got {cap})"]
     return []
+
+
+def branching_problems(config: Any) -> list[str]:
+    """branchAtTurn branches an environment's episodes: refused for a dataset's, which have one turn."""
+    hp = config.get("rlHyperparams") if isinstance(config, dict) else None
+    turn = hp.get("branchAtTurn") if isinstance(hp, dict) else None
+    if turn is None or not _is_count(turn, "branch_at_turn") or config.get("environment") is not None:
+        return []
+    return ["$.config.rlHyperparams.branchAtTurn: branches the episodes of a tool-use environment "
+            "($.config.environment); a dataset's episodes have one turn: remove branchAtTurn, or train in an "
+            "environment"]
 
 
 def _is_count(value: Any, limit: str) -> bool:

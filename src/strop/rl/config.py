@@ -21,6 +21,7 @@ from strop.errors import StropError
 from strop.engine.losses import POLICY_LOSSES
 from strop.rl.limits import LIMITS
 from strop.rl.dynamic_sampling import sampling_problems
+from strop.rl.branching import IDENTICAL_TURNS, branching_problems
 
 KL_REFERENCES = ("start", "base")
 
@@ -94,6 +95,20 @@ class GRPOConfig:
     max_tasks_per_step: int | None = _help("the most tasks dynamic sampling draws for one step, its first batch "
                                            "included (None: 4 x batch_size)", None,
                                            descriptor=_HP + "dynamicSampling.maxTasksPerStep")
+    branch_at_turn: int | None = _help("branch each group at this model turn (1-based; an environment's episodes): "
+                                       "one episode is played up to it, then group_size episodes are sampled on "
+                                       "from exactly that state, so the group's mean is a baseline for that turn's "
+                                       "decision; the shared turns are sampled and trained once and carry no "
+                                       "advantage. An episode that ends sooner branches at its last turn. Needs an "
+                                       "environment that gives the same observations for the same task and calls "
+                                       "(strop.rl.branching); 1: an ordinary group; None: no branching", None,
+                                       descriptor=_HP + "branchAtTurn")
+    identical_turns: str = _help(f"turns every episode of a group wrote alike (same context, same tokens): one of "
+                                 f"{', '.join(IDENTICAL_TURNS)}. skip leaves them out of the update (no advantage, "
+                                 "no trainer compute); train trains them as before; auto skips them where that "
+                                 "changes no gradient (loss importance_sampling or cispo, kl_beta 0: their advantages "
+                                 "cancel over the group) and trains them elsewhere", "auto",
+                                 descriptor=_HP + "identicalTurns")
     scale_by_std: bool = _help("divide group-centred advantages by the group's reward std", False)
     loss_fn: str = _help(f"policy loss: one of {', '.join(LOSS_FNS)}", "importance_sampling")
     loss_fn_config: dict = _help("loss options, e.g. {'clip_low_threshold': 0.8, 'clip_high_threshold': 1.2}", factory=dict)
@@ -191,6 +206,7 @@ class GRPOConfig:
         if self.kl_reference not in KL_REFERENCES:
             p.append(("kl_reference", f"must be one of {', '.join(KL_REFERENCES)}, got {self.kl_reference!r}"))
         p.extend(sampling_problems(self))
+        p.extend(branching_problems(self))
         if self.dtype not in DTYPE_CHOICES:
             p.append(("dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}"))
         if self.sampler not in SAMPLER_CHOICES:

@@ -121,6 +121,8 @@ LIMITS: dict[str, Limit] = {
     "warmup_steps": Limit(0, MAX_STEPS, True, _STEPS_WHY),
     "max_tasks_per_step": Limit(1, 65536, True, "every drawn task's group of rollouts is held in memory until the "
                                                 "step's update", optional=True),
+    "branch_at_turn": Limit(1, 1000, True, "an episode of more turns than that outgrows any model's context long "
+                                           "before the branch", optional=True),
     "max_off_policy_steps": Limit(0, 16, True, "rollouts more than 16 updates old describe a policy the trainer has "
                                                "left far behind, and each step sampled ahead is held in memory"),
     "ray_samplers": Limit(1, 256, True, "each replica is a process holding the whole model; 256 is past any "

@@ -30,25 +30,51 @@ MAX_CONCURRENT_CALLS = 64  # environment calls in flight at once, when the envir
 
 
 def play(sampler, renderer, groups: list[list], *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-         seed: int = 0, max_turns: int | None = None, on_turn=None) -> list[RolloutGroup]:
+         seed: int = 0, max_turns: int | None = None, on_turn=None, started: list[list] | None = None
+         ) -> list[RolloutGroup]:
     """Run each group's episodes (`strop.rl.episodes`) to their end or their turn limit (`max_turns` caps it
     for all); the groups' rollouts, in order. The request of group g's first turn is seeded `seed + g`.
-    `on_turn(finished, total)`, when given, is called after every turn with the number of episodes over."""
+    `on_turn(finished, total)`, when given, is called after every turn with the number of episodes over.
+    `started`, per group per episode, (messages, turns) of episodes already started and played that far (a
+    branched group's members, `strop.rl.branching`): each goes on from its next turn."""
     live = [(g, k, episode) for g, group in enumerate(groups) for k, episode in enumerate(group)]
-    each = _concurrently if any(getattr(e, "concurrent", False) for _, _, e in live) else _in_turn
-    messages = each(lambda item: item[2].start(), live)
-    turns: list[list[Turn]] = [[] for _ in live]
+    if started is None:
+        messages, turns = start_episodes(live), [[] for _ in live]
+    else:
+        flat = [state for group in started for state in group]
+        messages, turns = [list(m) for m, _ in flat], [list(t) for _, t in flat]
+    play_turns(sampler, renderer, live, messages, turns, max_tokens=max_tokens, temperature=temperature,
+               top_p=top_p, seed=seed, max_turns=max_turns, on_turn=on_turn)
+    rollouts = each_episode(live)(lambda i: live[i][2].finish(turns[i], messages[i]), range(len(live)))
+    out, at = [], 0
+    for group in groups:
+        out.append(tuple(rollouts[at:at + len(group)]))
+        at += len(group)
+    return out
+
+
+def start_episodes(live: list) -> list[list[dict]]:
+    """Each episode's first messages (`live`: (group, member, episode) triples)."""
+    return each_episode(live)(lambda item: item[2].start(), live)
+
+
+def play_turns(sampler, renderer, live: list, messages: list[list[dict]], turns: list[list[Turn]], *,
+               max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+               max_turns: int | None = None, on_turn=None) -> list[bool]:
+    """Play the `live` episodes ((group, member, episode) triples) on from their `turns` so far, appending to
+    `messages` and `turns` in place; per episode, whether it ended (rather than reaching its turn limit)."""
+    each = each_episode(live)
     over = [False] * len(live)
     limits = [min(e.max_turns, max_turns) if max_turns else e.max_turns for _, _, e in live]
     for turn in range(max(limits, default=0)):
         requests: dict[tuple, list[int]] = {}
         prompts = {}
         for i, (g, _, episode) in enumerate(live):
-            if over[i] or turn >= limits[i]:
+            if over[i] or turn >= limits[i] or turn < len(turns[i]):
                 continue
             prompts[i] = episode.prompt(renderer, messages[i])
             requests.setdefault((g, tuple(prompts[i].to_ints())), []).append(i)
-        if not requests:
+        if not requests and turn >= max((len(t) for t in turns), default=0):
             break
         futures = []
         for (g, _), members in requests.items():
@@ -73,14 +99,14 @@ def play(sampler, renderer, groups: list[list], *, max_tokens: int, temperature:
                 over[i] = True
             else:
                 messages[i].append({"role": "tool", "content": observation})
-        if on_turn is not None:
+        if on_turn is not None and requests:
             on_turn(sum(over[i] or turn + 1 >= limits[i] for i in range(len(live))), len(live))
-    rollouts = each(lambda i: live[i][2].finish(turns[i], messages[i]), range(len(live)))
-    out, at = [], 0
-    for group in groups:
-        out.append(tuple(rollouts[at:at + len(group)]))
-        at += len(group)
-    return out
+    return over
+
+
+def each_episode(live: list):
+    """How to call the episodes: at once when any is `concurrent` (its environment or graders in another process)."""
+    return _concurrently if any(getattr(e, "concurrent", False) for _, _, e in live) else _in_turn
 
 
 def _in_turn(fn, items) -> list:
@@ -96,21 +122,27 @@ def _concurrently(fn, items) -> list:
         return list(pool.map(fn, items))
 
 
-def turn_kl(base_sampler, rollouts) -> list[list[list[float]]]:
+def turn_kl(base_sampler, rollouts, untrained_G: list[int] | None = None) -> list[list[list[float]]]:
     """Per rollout, per turn, per sampled token: log p_sampler - log p_base (the model with the adapter off),
-    scored over each turn's own prompt, which holds the observations so far. All turns in one batched pass."""
-    turns = [t for r in rollouts for t in r.turns if t.tokens]
+    scored over each turn's own prompt, which holds the observations so far. All turns in one batched pass. The
+    first `untrained_G[g]` turns of rollout g are not trained (`strop.rl.branching`): they get [] and no pass."""
+    skip = untrained_G or [0] * len(rollouts)
+    wanted = [[bool(t.tokens) and i >= skip[g] for i, t in enumerate(r.turns)] for g, r in enumerate(rollouts)]
+    turns = [t for r, w in zip(rollouts, wanted) for t, ok in zip(r.turns, w) if ok]
     base_lps = base_sampler.compute_logprobs_many(
         [t.prompt.append(types.EncodedTextChunk(tokens=list(t.tokens))) for t in turns]).result() if turns else []
     by_turn = iter([[lp - b for lp, b in zip(t.logprobs, base[t.prompt.length:])] for t, base in zip(turns, base_lps)])
-    return [[next(by_turn) if t.tokens else [] for t in r.turns] for r in rollouts]
+    return [[next(by_turn) if ok else [] for ok in w] for w in wanted]
 
 
 def rollout_datums(rollouts, advantages_G: torch.Tensor, kl_G: list[list[list[float]]] | None = None,
-                   kl_beta: float = 0.0) -> list[types.Datum]:
+                   kl_beta: float = 0.0, untrained_G: list[int] | None = None) -> list[types.Datum]:
     """The datums of a group's rollouts in the seed's layout: input = tokens[:-1], targets shifted by one, each
     sampled token carrying its rollout's advantage (less beta x its KL to the base model when `kl_G` is given)
-    and every other position masked (target 0, advantage 0). A turn that sampled nothing trains nothing.
+    and every other position masked (target 0, advantage 0). A turn that sampled nothing trains nothing, nor do
+    the first `untrained_G[g]` turns of rollout g (a branched group's shared prefix, turns the whole group wrote
+    alike: `strop.rl.branching`; default: each rollout's `shared_turns`): they are masked as the prompt is, so
+    a group's rows begin with the same untrained tokens and the trainer runs them once (`shared_prefixes`).
 
     The turns of one rollout share a datum while each turn's prompt begins with the previous turn's prompt and
     sampled tokens (the conversation re-rendered to the same tokens, as it does for a chat template): a datum
@@ -118,14 +150,15 @@ def rollout_datums(rollouts, advantages_G: torch.Tensor, kl_G: list[list[list[fl
     tokens of a 5-turn episode. Where re-rendering changed a token, the turn starts a datum of its own. The
     losses are sums over positions, so the update is the same either way."""
     datums = []
+    skip = untrained_G if untrained_G is not None else [r.shared_turns for r in rollouts]
     for g, (rollout, advantage) in enumerate(zip(rollouts, advantages_G.tolist())):
         sequence: list[int] = []  # the tokens so far of the datum being built
         targets: list[int] = []   # per position of `sequence` (the token it predicts; one shorter)
         logprobs: list[float] = []
         advantages: list[float] = []
         for i, turn in enumerate(rollout.turns):
-            if not turn.tokens:
-                continue
+            if not turn.tokens or i < skip[g]:
+                continue  # an untrained turn's tokens join the datum with the next turn's prompt, masked
             prompt = turn.prompt.to_ints()
             toks = list(turn.tokens)
             adv_T = [advantage] * len(toks)

@@ -5,7 +5,9 @@ metrics row.
     metrics = train_step(ctx, step=0, items=rows[:8], epoch=0)      # a StepMetrics; metrics.as_row() is logged
 
 Each item (a row or a task) starts `group_size` episodes; each rollout's advantage is its reward minus its
-group's mean. Groups whose rollouts all scored the same (on the total, or on the term `varianceOn` names) carry
+group's mean (with branchAtTurn, the group's episodes share their first turns and differ from that turn on:
+`strop.rl.branching`; a leading turn every episode wrote alike is left out of the update). Groups whose
+rollouts all scored the same (on the total, or on the term `varianceOn` names) carry
 no signal and are skipped; with dynamic sampling, further tasks are drawn until `batch_size` groups do
 (`strop.rl.dynamic_sampling`). With klBeta > 0 each trained token's advantage pays beta x its KL to the
 reference model (`strop.rl.reference`: the model the run started from, or the base). A step whose checks mostly
@@ -24,6 +26,7 @@ import torch
 from strop import types
 from strop.rl import dynamic_sampling
 from strop.rl.advantages import group_advantages
+from strop.rl.branching import play_branched, skips_identical, untrained_turns
 from strop.rl.config import GRPOConfig
 from strop.rl.metrics import RunLog
 from strop.rl.rollouts import check_errors, play, rollout_datums, turn_kl
@@ -93,9 +96,15 @@ def sample_step(ctx: StepContext, step: int, items: list, sampler=None, policy_s
     sampler = sampler or ctx.training.save_weights_and_get_sampling_client()
 
     def roll(tasks: list, round_: int = 0) -> list:
+        seed = step_seed(config, step) + dynamic_sampling.ROUND_SEED * round_
+        if config.branch_at_turn:
+            return play_branched(sampler, ctx.renderer, lambda n: ctx.source.episodes(tasks, n),
+                                 group_size=config.group_size, branch_at=config.branch_at_turn,
+                                 max_tokens=config.max_completion_length, temperature=config.temperature,
+                                 top_p=config.top_p, seed=seed)
         return play(sampler, ctx.renderer, ctx.source.episodes(tasks, config.group_size),
                     max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
-                    seed=step_seed(config, step) + dynamic_sampling.ROUND_SEED * round_)
+                    seed=seed)
 
     groups = roll(items)
     if config.dynamic_sampling and ctx.draw is not None:
@@ -131,18 +140,22 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
     # with dynamic sampling the step trains on batch_size informative groups, however many it drew
     kept = set(dynamic_sampling.kept_groups(groups, config.variance_on,
                                             config.batch_size if config.dynamic_sampling else None))
+    skip_identical, untrained = skips_identical(config), 0
     for g, group in enumerate(groups):
         rewards_G = torch.tensor([r.reward for r in group])
         advantages_G = group_advantages(rewards_G, scale_by_std=config.scale_by_std)
-        for rollout, advantage in zip(group, advantages_G.tolist()):
+        # a branched group's shared prefix, and turns the whole group wrote alike: no advantage, no compute
+        untrained_G = untrained_turns(group, skip_identical)
+        for rollout, advantage, n in zip(group, advantages_G.tolist(), untrained_G):
             records.append({"step": step, "group": g, "reward": rollout.reward, "advantage": advantage,
-                            **ctx.source.record(rollout, ctx.renderer)})
+                            **({"untrainedTurns": n} if n else {}), **ctx.source.record(rollout, ctx.renderer)})
         if g not in kept:
             continue
-        kl_G = turn_kl(ctx.base_sampler, group) if ctx.base_sampler is not None else None
+        untrained += sum(untrained_G)
+        kl_G = turn_kl(ctx.base_sampler, group, untrained_G) if ctx.base_sampler is not None else None
         if kl_G is not None:
             kl_values.extend(v for rollout in kl_G for turn in rollout for v in turn)
-        datums.extend(rollout_datums(group, advantages_G, kl_G, config.kl_beta))
+        datums.extend(rollout_datums(group, advantages_G, kl_G, config.kl_beta, untrained_G))
 
     rollouts = [r for group in groups for r in group]
     # before the update: a step whose rewards are mostly failures must not move the weights
@@ -184,6 +197,8 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
         tasksDrawn=len(groups) if config.dynamic_sampling else None,
         groupsKept=len(kept) if config.dynamic_sampling else None,
         groupsDropped=len(groups) - len(kept) if config.dynamic_sampling else None,
+        trainedTokens=trained,
+        untrainedTurns=untrained if config.branch_at_turn or skip_identical else None,
         **ctx.source.metrics(rollouts))
     if ctx.log is not None:
         ctx.log.write_rollouts(records)

@@ -5,7 +5,8 @@ GRPO on a dataset, GRPO in a tool-use environment and the evaluation of an envir
                  tokens and logprobs it sampled, their text and why sampling stopped.
     Rollout      one episode of one prompt or task: its turns in order, the reward and the scores behind it,
                  the fallible calls it made (grader calls, or the environment) and what failed, the conversation
-                 as the model saw it, and what the environment reported at the end (state, info).
+                 as the model saw it, and what the environment reported at the end (state, info); in a branched
+                 group, how many leading turns it shares with the group (`strop.rl.branching`).
     RolloutGroup the `group_size` rollouts of one prompt, compared with each other for their advantages.
     types.Datum  what a rollout becomes for `forward_backward`: one per turn, prompt masked, sampled tokens
                  carrying the rollout's advantage (strop.types; made by `strop.rl.rollouts.rollout_datums`).
@@ -53,6 +54,7 @@ class Rollout:
     parse_errors: int = 0             # replies in which no tool call could be read
     state: dict = field(default_factory=dict, hash=False)
     info: dict = field(default_factory=dict, hash=False)
+    shared_turns: int = 0             # leading turns played once for the whole group (branchAtTurn): not trained
 
     @property
     def model_tokens(self) -> int:
@@ -105,6 +107,8 @@ class StepMetrics:
     tasksDrawn: int | None = None              # dynamic sampling: tasks (groups) sampled this step, its batch included
     groupsKept: int | None = None              # dynamic sampling: informative groups trained on (at most batchSize)
     groupsDropped: int | None = None           # dynamic sampling: groups drawn but not trained (no variance, or surplus)
+    trainedTokens: float = 0.0                 # tokens the update had a gradient for (advantage or KL not 0)
+    untrainedTurns: int | None = None          # branchAtTurn / identicalTurns: turns of trained groups left untrained
 
     def as_row(self) -> dict:
         """The JSON row: every field by its name, `reward/NAME` and `rubric/NAME` flattened, absent optionals

@@ -1,0 +1,148 @@
+"""Turn-level credit: groups that branch from one shared state, and turns a whole group wrote alike.
+
+    groups = play_branched(sampler, renderer, lambda n: source.episodes(tasks, n), group_size=8, branch_at=3,
+                           max_tokens=256, seed=0)
+    untrained = untrained_turns(group, skip_identical=True)    # per rollout: leading turns the update leaves out
+
+Branching (`branch_at_turn` N): each task's episode is played once, by a scout, up to turn N; then `group_size`
+episodes are put in exactly the state the scout reached and sampled on from there. They differ from turn N on,
+so the group's mean reward is a baseline for the decision at turn N rather than for the whole episode. The scout
+samples the prefix once; at turn N every member reads the same prompt, so the G continuations are one request
+of G samples whose prompt the engine shares. Each member's rollout starts with the scout's turns (the same
+`Turn`s, token for token) and `shared_turns` counts them: they carry no advantage and are masked in the datums
+as the prompt is, so the trainer runs them once for the group (`strop.engine.trainer.shared_prefixes`). N = 1
+is an ordinary group. Only an environment's episodes branch; a dataset's have one turn.
+
+The state is rebuilt by replay, which any environment with `reset` and `step` allows (a remote one too, which
+cannot be copied): each member's environment is reset to the task and the scout's replies are acted on again,
+in order. The environment must be deterministic: the same task and the same calls give the same observations
+(no clock, no randomness of its own). Every replayed observation is compared with the scout's, and one that
+differs stops the step, saying which.
+
+A scout that ends before turn N (it answered at turn k < N, or its turn limit is below N) branches the group
+at the last turn it reached, k: turns 1 .. k-1 are shared and turn k is sampled G times (k = 1: an ordinary
+group). The scout itself is not trained.
+
+Identical turns (`identical_turns`): with whole-episode credit, a turn every member of a group wrote alike (the
+same prompt, the same tokens) gets advantages that sum to zero over the group, so its gradient cancels: for a
+loss whose per-token gradient is the advantage times a factor that is the same for the same token in the same
+context (importance_sampling, with or without tis, and cispo) and no KL penalty, leaving it out of the update
+changes nothing. Only a leading run of such turns is left out (a later one has the same context only if every
+turn before it was alike).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from strop.errors import StropError
+from strop.rl.limits import LIMITS
+from strop.rl.rollouts import each_episode, play, play_turns, start_episodes
+
+BRANCH_SEED = 500_009  # the members' sampling seeds step past the scouts' (a scout may have sampled turn k too)
+# losses whose gradient on a token is its advantage times a factor fixed by the token and its context: a turn
+# the whole group wrote alike cancels out of them exactly (advantages within a group sum to zero)
+CANCELLING_LOSSES = ("importance_sampling", "cispo")
+IDENTICAL_TURNS = ("auto", "skip", "train")
+
+
+def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at: int, max_tokens: int,
+                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_turns: int | None = None,
+                  on_turn=None) -> list[tuple]:
+    """The groups of a step's tasks, each branched at turn `branch_at` (1-based) from one scout's episode.
+    `episodes_of(n)` makes n fresh episodes of every task, per task (a source's `episodes(tasks, n)`); the scouts
+    are made first and are done with before the members reset the same environments."""
+    if branch_at <= 1:
+        return play(sampler, renderer, episodes_of(group_size), max_tokens=max_tokens, temperature=temperature,
+                    top_p=top_p, seed=seed, max_turns=max_turns, on_turn=on_turn)
+    scouts = [(t, 0, group[0]) for t, group in enumerate(episodes_of(1))]
+    messages = start_episodes(scouts)
+    opening = [len(m) for m in messages]
+    turns = [[] for _ in scouts]
+    ended = play_turns(sampler, renderer, scouts, messages, turns, max_tokens=max_tokens, temperature=temperature,
+                       top_p=top_p, seed=seed, max_turns=min(branch_at - 1, max_turns or branch_at))
+    prefixes = []
+    for t, (_, _, scout) in enumerate(scouts):
+        limit = min(scout.max_turns, max_turns) if max_turns else scout.max_turns
+        reached = len(turns[t])
+        at = reached + 1 if not ended[t] and reached < limit else reached  # the turn the members sample first
+        shared = max(0, at - 1)
+        observations = [m["content"] for m in messages[t][opening[t] + 1:opening[t] + 2 * shared:2]]
+        prefixes.append((messages[t][:opening[t]], turns[t][:shared], observations))
+    groups = episodes_of(group_size)
+    members = [(t, k, episode) for t, group in enumerate(groups) for k, episode in enumerate(group)]
+    starts = start_episodes(members)
+    replayed = _replay(members, starts, prefixes)
+    rolled = play(sampler, renderer, groups, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                  seed=seed + BRANCH_SEED, max_turns=max_turns, on_turn=on_turn,
+                  started=[[replayed[t * group_size + k] for k in range(len(group))] for t, group in enumerate(groups)])
+    return [tuple(dataclasses.replace(r, shared_turns=len(prefixes[t][1])) for r in group)
+            for t, group in enumerate(rolled)]
+
+
+def _replay(members: list, starts: list[list[dict]], prefixes: list) -> list[tuple[list[dict], list]]:
+    """Each member's (messages, turns) after acting on its scout's replies again; StropError when an environment
+    answers a replayed call differently (it is not deterministic, and the members would not share a state)."""
+    def replay(i: int) -> tuple[list[dict], list]:
+        t, _, episode = members[i]
+        messages = list(starts[i])
+        opening, scout_turns, observations = prefixes[t]
+        if messages != opening:
+            _differs(t, "its reset", str(messages[-1]["content"]), str(opening[-1]["content"]))
+        for j, (turn, seen) in enumerate(zip(scout_turns, observations)):
+            messages.append({"role": "assistant", "content": turn.text})
+            observation = episode.act(turn.text)
+            if observation != seen:
+                _differs(t, f"turn {j + 1}", "the end of the episode" if observation is None else observation, seen)
+            messages.append({"role": "tool", "content": observation})
+        return messages, list(scout_turns)
+    return each_episode(members)(replay, range(len(members)))
+
+
+def _differs(task: int, where: str, got: str, seen: str) -> None:
+    raise StropError(
+        f"branch_at_turn (rlHyperparams.branchAtTurn): replaying task {task} of the step, {where} gave {got[:120]!r} "
+        f"where the episode that was branched got {seen[:120]!r}; branching rebuilds the state by replaying its "
+        "calls, so it needs an environment whose reset and step give the same observations for the same task and "
+        "calls. Make the environment deterministic (seed what it draws), or train without branchAtTurn")
+
+
+def identical_turns(group) -> int:
+    """How many leading turns every rollout of the group wrote alike: the same prompt and the same tokens."""
+    if len(group) < 2:
+        return 0
+    count = 0
+    for turns in zip(*(r.turns for r in group)):
+        first = turns[0]
+        prompt = first.prompt.to_ints()
+        if any(t.tokens != first.tokens or t.prompt.to_ints() != prompt for t in turns[1:]):
+            break
+        count += 1
+    return count
+
+
+def skips_identical(config) -> bool:
+    """Whether a run leaves identical turns out: `identical_turns` skip, or auto where that changes no gradient."""
+    if config.identical_turns == "auto":
+        return config.loss_fn in CANCELLING_LOSSES and not config.kl_beta
+    return config.identical_turns == "skip"
+
+
+def untrained_turns(group, skip_identical: bool) -> list[int]:
+    """Per rollout of a group, how many leading turns the update leaves out: its shared prefix (a branched
+    group's), and, with `skip_identical`, the turns the whole group wrote alike."""
+    alike = identical_turns(group) if skip_identical else 0
+    return [max(r.shared_turns, alike) for r in group]
+
+
+def branching_problems(config) -> list[tuple[str, str]]:
+    """(field, problem) for branch_at_turn and identical_turns."""
+    p = []
+    # its range is checked with every other number's (strop.rl.limits)
+    n = config.branch_at_turn
+    if n is not None and LIMITS["branch_at_turn"].problem(n) is None and config.environment is None:
+        p.append(("branch_at_turn", "branches the episodes of a tool-use environment; a dataset's episodes have "
+                                    "one turn: set environment, or leave branch_at_turn unset"))
+    if config.identical_turns not in IDENTICAL_TURNS:
+        p.append(("identical_turns", f"must be one of {', '.join(IDENTICAL_TURNS)}, got {config.identical_turns!r}"))
+    return p

@@ -1,0 +1,332 @@
+"""Turn-level credit (strop.rl.branching): a group branched at a turn shares its prefix token for token and only
+its continuations carry advantages; turns a whole group wrote alike are left out of the update, which changes no
+gradient; the settings through GRPOConfig, the run descriptor and `strop train`; one tiny run.
+
+The policy of the hand-worked tests is scripted (`Scripted`: reply j of a request is script(turn, j)), so which
+call is made at which turn, and so every reward and advantage, is known in advance; the environment, the
+renderer, the tokenizer, the rollout loop and the datums are the real ones."""
+
+import itertools
+from concurrent.futures import Future
+
+import pytest
+import torch
+
+from strop import model_info, types
+from strop.errors import StropError
+from strop.renderers import get_renderer
+from strop.rl.branching import identical_turns, play_branched, skips_identical, untrained_turns
+from strop.rl.config import GRPOConfig
+from strop.rl.episodes import ToolEpisode
+from strop.rl.rollouts import rollout_datums
+from strop.rl.types import Rollout, Turn
+from strop.tokenizer_utils import get_tokenizer
+from test_control import home, workspace  # noqa: F401 - fixtures of the control-plane tests
+from toy_env import ToyEnv
+
+
+def call(name: str, **arguments) -> str:
+    import json
+    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+
+
+class Scripted:
+    """A sampler whose j-th sample of a request at model turn `turn` (0-based: the replies in its prompt)
+    is script(turn, j), encoded by the model's tokenizer; each token's logprob is -1. It keeps every request."""
+
+    def __init__(self, renderer, script):
+        self.renderer, self.script, self.requests = renderer, script, []
+
+    def sample(self, prompt, num_samples, sampling_params):
+        text = self.renderer.tokenizer.decode(prompt.to_ints())
+        turn = text.count("<|im_start|>assistant") - 1  # the replies before this one
+        self.requests.append((turn, num_samples, prompt.to_ints()))
+        sequences = []
+        for j in range(num_samples):
+            tokens = self.renderer.tokenizer.encode(self.script(turn, j), add_special_tokens=False)
+            tokens += self.renderer.tokenizer.encode("<|im_end|>", add_special_tokens=False)
+            sequences.append(types.SampledSequence(stop_reason="stop", tokens=tokens, logprobs=[-1.0] * len(tokens)))
+        done = Future()
+        done.set_result(types.SampleResponse(sequences=sequences))
+        return done
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir):
+    model = str(tiny_model_dir)
+    return get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
+
+
+def episodes_of(envs, tasks):
+    def make(n):
+        return [[ToolEpisode(envs[t * n + g], task) for g in range(n)] for t, task in enumerate(tasks)]
+    return make
+
+
+def add_then_answer(turn, j):
+    """Turn 1: everyone adds (the scout's call); turn 2: samples 0 and 1 submit the sum (task 0: 0 + 2), 2 and 3
+    a wrong one."""
+    if turn == 0:
+        return call("add", a=0, b=2)
+    return call("submit_answer", answer="2" if j < 2 else "5")
+
+
+def test_a_branched_group_shares_its_prefix_and_only_continuations_carry_advantages(renderer):
+    envs = [ToyEnv(max_turns=3) for _ in range(4)]
+    sampler = Scripted(renderer, add_then_answer)
+    [group] = play_branched(sampler, renderer, episodes_of(envs, envs[0].tasks("train", 1)), group_size=4,
+                            branch_at=2, max_tokens=64, seed=0)
+    # the sampler: the prefix once (one sample), then the four continuations as one request from one prompt
+    assert [(turn, n) for turn, n, _ in sampler.requests] == [(0, 1), (1, 4)]
+    assert [r.reward for r in group] == [1.0, 1.0, 0.1, 0.1] and [r.shared_turns for r in group] == [1] * 4
+    first = group[0].turns[0]
+    assert all(r.turns[0] == first for r in group) and first.text == call("add", a=0, b=2)
+    # every member's environment was put in the scout's state: the add replayed, then its own submit
+    assert [env.state()["turns"] for env in envs] == [2, 2, 2, 2]
+    assert all(r.messages[2] == {"role": "tool", "content": "2.0"} for r in group), group[0].messages
+
+    advantages_G = torch.tensor([r.reward for r in group]) - 0.55          # [0.45, 0.45, -0.45, -0.45]
+    datums = rollout_datums(group, advantages_G)
+    assert len(datums) == 4
+    cont = group[0].turns[1].prompt.length                     # where the continuation's tokens begin
+    inputs = [d.model_input.to_ints() for d in datums]
+    assert all(ids[:cont] == inputs[0][:cont] for ids in inputs)   # the prefix, token for token
+    for d, a in zip(datums, [0.45, 0.45, -0.45, -0.45]):
+        adv = d.loss_fn_inputs["advantages"].to_torch().tolist()
+        targets = d.loss_fn_inputs["target_tokens"].to_torch().tolist()
+        assert adv[:cont - 1] == [0.0] * (cont - 1) and targets[:cont - 1] == [0] * (cont - 1)  # prefix: as prompt
+        assert adv[cont - 1:] == pytest.approx([a] * (len(adv) - cont + 1))                     # continuation
+    # the trainer sees one untrained prefix for the group's four rows: it runs it once
+    from strop.engine.trainer import shared_prefixes
+    width = max(len(ids) for ids in inputs)
+    ids_B_T = torch.tensor([ids + [0] * (width - len(ids)) for ids in inputs])
+    mask_B_T = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs]).bool()
+    active_B_T = torch.zeros_like(mask_B_T)
+    for b, d in enumerate(datums):
+        adv = d.loss_fn_inputs["advantages"].to_torch()
+        active_B_T[b, :len(adv)] = adv != 0
+    lengths, prefix_of, owner_of = shared_prefixes(ids_B_T, mask_B_T, active_B_T)
+    assert lengths == [cont - 1] * 4 and prefix_of == [0] * 4 and owner_of == [0]
+
+    # without branching the first turn is trained in every rollout: 4 x its tokens more
+    plain = [Rollout(turns=r.turns, reward=r.reward) for r in group]
+    trained = sum(int((d.loss_fn_inputs["advantages"].to_torch() != 0).sum()) for d in rollout_datums(plain, advantages_G))
+    branched = sum(int((d.loss_fn_inputs["advantages"].to_torch() != 0).sum()) for d in datums)
+    assert trained - branched == 4 * len(first.tokens)
+
+
+def test_an_episode_that_ends_before_the_branch_turn_branches_at_its_last_turn(renderer):
+    # the scout answers at turn 1 (sample 0 submits): the group is an ordinary one, sampled from the start
+    envs = [ToyEnv(max_turns=3) for _ in range(3)]
+    sampler = Scripted(renderer, lambda turn, j: call("submit_answer", answer="2" if j % 2 == 0 else "3"))
+    [group] = play_branched(sampler, renderer, episodes_of(envs, envs[0].tasks("train", 1)), group_size=3,
+                            branch_at=3, max_tokens=64, seed=0)
+    assert [(turn, n) for turn, n, _ in sampler.requests] == [(0, 1), (0, 3)]
+    assert [r.shared_turns for r in group] == [0, 0, 0] and [r.reward for r in group] == [1.0, 0.1, 1.0]
+
+    # the environment's turn limit (2) is below the branch turn (5): the scout is cut at turn 2, so the group
+    # branches there, sharing turn 1
+    envs = [ToyEnv(max_turns=2) for _ in range(2)]
+    sampler = Scripted(renderer, lambda turn, j: call("add", a=turn, b=j))
+    [group] = play_branched(sampler, renderer, episodes_of(envs, envs[0].tasks("train", 1)), group_size=2,
+                            branch_at=5, max_tokens=64, seed=0)
+    assert [(turn, n) for turn, n, _ in sampler.requests] == [(0, 1), (1, 1), (1, 2)]
+    assert [r.shared_turns for r in group] == [1, 1] and [len(r.turns) for r in group] == [2, 2]
+    assert [r.turns[1].text for r in group] == [call("add", a=1, b=0), call("add", a=1, b=1)]
+
+
+class Drifting(ToyEnv):
+    """An environment whose replies carry a counter: the same call is answered differently each time."""
+
+    counter = itertools.count()
+
+    def step(self, call):
+        result = super().step(call)
+        return type(result)(type(result.observation)(f"{result.observation.content} #{next(self.counter)}"),
+                            result.reward, result.done, result.info)
+
+
+class Greeting(ToyEnv):
+    """An environment whose first observation carries a counter: no two resets alike."""
+
+    counter = itertools.count()
+
+    def reset(self, task):
+        return type(super().reset(task))(f"{task.prompt} (episode {next(self.counter)})")
+
+
+def test_an_environment_that_answers_a_replay_differently_stops_the_step(renderer):
+    envs = [Drifting(max_turns=3) for _ in range(2)]
+    with pytest.raises(StropError, match=r"replaying task 0 of the step, turn 1 gave '2.0 #1' where the episode "
+                                         r"that was branched got '2.0 #0'.*same observations"):
+        play_branched(Scripted(renderer, add_then_answer), renderer, episodes_of(envs, envs[0].tasks("train", 1)),
+                      group_size=2, branch_at=2, max_tokens=64, seed=0)
+    envs = [Greeting(max_turns=3) for _ in range(2)]
+    with pytest.raises(StropError, match=r"replaying task 0 of the step, its reset gave '.*\(episode 1\)' where "
+                                         r"the episode that was branched got '.*\(episode 0\)'"):
+        play_branched(Scripted(renderer, add_then_answer), renderer, episodes_of(envs, envs[0].tasks("train", 1)),
+                      group_size=2, branch_at=2, max_tokens=64, seed=0)
+
+
+def turn(prompt, tokens):
+    return Turn(prompt=types.ModelInput.from_ints(prompt), tokens=tuple(tokens), logprobs=(-1.0,) * len(tokens))
+
+
+def test_turns_the_whole_group_wrote_alike_get_no_advantage_and_no_datum_positions():
+    # turn 1: [5, 6] after prompt [1, 2, 3] in all three; turn 2 differs. Rewards 1, 0, 0.5: advantages .5 -.5 0
+    alike = [Rollout(turns=(turn([1, 2, 3], [5, 6]), turn([1, 2, 3, 5, 6, 9], [20 + g])), reward=r)
+             for g, r in enumerate([1.0, 0.0, 0.5])]
+    assert identical_turns(alike) == 1 and untrained_turns(alike, True) == [1, 1, 1]
+    assert untrained_turns(alike, False) == [0, 0, 0]
+    datums = rollout_datums(alike, torch.tensor([0.5, -0.5, 0.0]), untrained_G=[1, 1, 1])
+    assert [d.model_input.to_ints() for d in datums] == [[1, 2, 3, 5, 6, 9, 20 + g][:-1] for g in range(3)]
+    assert datums[0].loss_fn_inputs["target_tokens"].to_torch().tolist() == [0, 0, 0, 0, 0, 20]
+    assert datums[0].loss_fn_inputs["advantages"].to_torch().tolist() == [0.0] * 5 + [0.5]
+    # the same tokens after another prompt, or other tokens in one member, are not alike; nor is a group of one
+    other_prompt = alike[:2] + [Rollout(turns=(turn([1, 2, 4], [5, 6]),))]
+    other_tokens = alike[:2] + [Rollout(turns=(turn([1, 2, 3], [5, 7]),))]
+    assert identical_turns(other_prompt) == identical_turns(other_tokens) == identical_turns(alike[:1]) == 0
+    # a rollout whose every turn is alike sends nothing to the trainer
+    assert rollout_datums(alike[:1], torch.tensor([0.0]), untrained_G=[2]) == []
+    # a branched group's shared prefix stays untrained whether or not identical turns are skipped
+    shared = [Rollout(turns=r.turns, shared_turns=1) for r in other_tokens[:2]]
+    assert untrained_turns(shared, False) == [1, 1]
+
+
+def test_identical_turns_are_skipped_by_default_only_where_the_gradient_is_the_same():
+    env = {"name": "toy_env:ToyEnv"}
+    assert skips_identical(GRPOConfig()) and skips_identical(GRPOConfig(loss_fn="cispo"))
+    assert skips_identical(GRPOConfig(rollout_correction="tis"))
+    assert not skips_identical(GRPOConfig(loss_fn="ppo")) and not skips_identical(GRPOConfig(loss_fn="dro"))
+    assert not skips_identical(GRPOConfig(kl_beta=0.1)) and not skips_identical(GRPOConfig(identical_turns="train"))
+    assert skips_identical(GRPOConfig(loss_fn="ppo", identical_turns="skip", environment=env))
+
+
+def test_skipping_identical_turns_leaves_the_gradient_as_it_was(tiny_model_dir):
+    """Advantages within a group sum to 0, and an importance-sampling token's gradient is its advantage times a
+    factor its context and token decide: the alike turn's gradients cancel, so leaving it out changes nothing."""
+    from strop.engine.trainer import LoraTrainer
+    prompt = list(range(10, 22))
+    group = [Rollout(turns=(turn(prompt, [40, 41, 42]), turn(prompt + [40, 41, 42, 30, 31], [50 + g, 60 - g])))
+             for g in range(3)]
+    advantages_G = torch.tensor([0.7, -0.2, -0.5])
+    results = []
+    for untrained in ([0, 0, 0], untrained_turns(group, True)):
+        trainer = LoraTrainer(tiny_model_dir, rank=4, seed=0)
+        with torch.no_grad():  # lora_B starts at zero; make it not, so lora_A gets gradients too
+            gen = torch.Generator().manual_seed(1)
+            for name, p in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        out = trainer.forward_backward(rollout_datums(group, advantages_G, untrained_G=untrained), "importance_sampling")
+        results.append((out.metrics, {n: p.grad.clone() for n, p in trainer.model.named_parameters()
+                                      if p.grad is not None}))
+    (full, g_full), (skipped, g_skipped) = results
+    assert full["tokens:sum"] == 3 * 5 and skipped["tokens:sum"] == 3 * 2     # 9 tokens fewer trained
+    assert skipped["loss:sum"] == pytest.approx(full["loss:sum"], abs=1e-5)
+    assert g_full.keys() == g_skipped.keys() and len(g_full) > 0
+    for name in g_full:
+        assert torch.allclose(g_full[name], g_skipped[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_the_settings_are_checked_and_named_in_each_front_end():
+    env = {"name": "toy_env:ToyEnv"}
+    config = GRPOConfig(environment=env, branch_at_turn=3, identical_turns="train")
+    assert (config.branch_at_turn, config.identical_turns) == (3, "train")
+    assert (GRPOConfig().branch_at_turn, GRPOConfig().identical_turns) == (None, "auto")
+    with pytest.raises(StropError) as err:
+        GRPOConfig(environment=env, branch_at_turn=0, identical_turns="never")
+    assert "branch_at_turn: must be an integer from 1 to 1,000, or null (got 0)" in str(err.value)
+    assert "identical_turns: must be one of auto, skip, train, got 'never'" in str(err.value)
+    with pytest.raises(StropError, match="branch_at_turn: branches the episodes of a tool-use environment"):
+        GRPOConfig(branch_at_turn=2)   # a dataset
+
+
+def test_the_descriptor_maps_branch_at_turn_and_identical_turns_with_their_paths():
+    from strop.control import validate_descriptor
+    from test_descriptor import problems, seed
+    data = seed()
+    data["config"]["rlHyperparams"].update(branchAtTurn=2, identicalTurns="skip")
+    data["config"].pop("dataset"), data["config"].pop("reward")
+    data["config"]["environment"] = {"name": "toy_env:ToyEnv", "options": {"max_turns": 3}}
+    run = validate_descriptor(data)
+    config = run.to_grpo_config(None, [])
+    assert (config.branch_at_turn, config.identical_turns, config.environment["name"]) == (2, "skip", "toy_env:ToyEnv")
+    default = validate_descriptor(seed()).to_dict()["config"]["rlHyperparams"]
+    assert default["branchAtTurn"] is None and default["identicalTurns"] == "auto"
+
+    data["config"]["rlHyperparams"].update(branchAtTurn=0, identicalTurns="sometimes")
+    found = problems(data)
+    assert any(p.startswith("$.config.rlHyperparams.branchAtTurn: must be an integer from 1 to 1,000") for p in found)
+    assert any(p.startswith('$.config.rlHyperparams.identicalTurns: must be "auto"') for p in found), found
+    dataset = seed()
+    dataset["config"]["rlHyperparams"]["branchAtTurn"] = 2
+    assert problems(dataset) == ["$.config.rlHyperparams.branchAtTurn: branches the episodes of a tool-use "
+                                 "environment ($.config.environment); a dataset's episodes have one turn: remove "
+                                 "branchAtTurn, or train in an environment"]
+
+
+def test_strop_train_takes_an_environment_and_branches_it(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import json
+    from pathlib import Path
+    from strop.cli.main import main
+    assert main(["train", "--branch-at-turn", "0", "--identical-turns", "train"]) == 1
+    err = capsys.readouterr().err
+    assert "--branch-at-turn (branch_at_turn): must be an integer from 1 to 1,000" in err
+    assert main(["train", "--branch-at-turn", "2"]) == 1
+    assert "--branch-at-turn (branch_at_turn): branches the episodes of a tool-use environment" in capsys.readouterr().err
+    assert main(["train", "--method", "sft", "--dataset", "x.jsonl", "--branch-at-turn", "2"]) == 1
+    assert "--branch-at-turn: a GRPO setting" in capsys.readouterr().err
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    run_dir = tmp_path / "run"
+    code = main(["train", "--base-model", str(tiny_model_dir), "--environment", "toy_env:ToyEnv", "--env-option",
+                 "max_turns=3", "--branch-at-turn", "2", "--identical-turns", "train", "--group-size", "2",
+                 "--batch-size", "2", "--steps", "1", "--max-tokens", "6", "--rank", "4", "--run-dir", str(run_dir),
+                 "--quiet", "-o", "json"])
+    assert code == 0, capsys.readouterr().err
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert (saved["branch_at_turn"], saved["identical_turns"]) == (2, "train")
+    assert saved["environment"] == {"name": "toy_env:ToyEnv", "options": {"max_turns": 3}, "split": "train"}
+    [row] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert row["untrainedTurns"] == 0 and row["trainedTokens"] == 0.0   # a random model: no reward, no signal
+    records = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(r["untrainedTurns"] == 1 and r["turns"] == 3 for r in records)
+    # each group's two episodes read the same first reply and observation
+    for a, b in (records[0:2], records[2:4]):
+        assert a["transcript"][:3] == b["transcript"][:3]
+
+
+def test_a_branched_step_trains_only_the_continuations(tiny_model_dir, renderer):
+    """learn_step on a branched group with the real trainer: 4 continuations of one submit each are trained,
+    the shared add is not, and the metrics say so."""
+    import strop
+    from strop.rl.episodes import EnvironmentSource, EnvPool
+    from strop.rl.step import Sampled, StepContext, adam_params, learn_step
+    config = GRPOConfig(base_model=str(tiny_model_dir), environment={"name": "toy_env:ToyEnv"}, group_size=4,
+                        batch_size=1, branch_at_turn=2, lora_rank=4)
+    envs = [ToyEnv(max_turns=3) for _ in range(4)]
+    [group] = play_branched(Scripted(renderer, add_then_answer), renderer, episodes_of(envs, envs[0].tasks("train", 1)),
+                            group_size=4, branch_at=2, max_tokens=64, seed=0)
+    training = strop.ServiceClient().create_lora_training_client(base_model=str(tiny_model_dir), rank=4, seed=0)
+    pool = EnvPool({"name": "toy_env:ToyEnv"}, 4)
+    ctx = StepContext(config=config, training=training, renderer=renderer, source=EnvironmentSource(pool),
+                      adam=adam_params(config))
+    row = learn_step(ctx, Sampled(step=0, groups=[group], seconds=1.0, policy_step=0)).as_row()
+    submit = [len(r.turns[1].tokens) for r in group]
+    assert row["untrainedTurns"] == 4 and row["datums"] == 4 and row["trainedTokens"] == sum(submit)
+
+
+def test_a_run_in_an_environment_pins_its_branch_turn(workspace, capsys, monkeypatch):  # noqa: F811
+    import json
+    from pathlib import Path
+    from test_control import descriptor, run
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    path = descriptor(workspace, **{"config.dataset": None, "config.reward": None,
+                                    "config.environment": {"name": "toy_env:ToyEnv", "options": {"max_turns": 3}},
+                                    "config.rlHyperparams.branchAtTurn": 2, "config.rlHyperparams.klBeta": 0.1})
+    code, out, err = run(capsys, "runs", "start", "-f", path, "--dry-run", "-o", "json")
+    assert code == 0, err
+    pinned = json.loads(out)["pinned"]["rl"]
+    # a KL penalty: identical turns are trained under auto (their KL terms do not cancel)
+    assert (pinned["branchAtTurn"], pinned["identicalTurns"]) == (2, "train")
