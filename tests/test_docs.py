@@ -1,0 +1,60 @@
+"""The docs site builds with `mkdocs build --strict` (a broken link, a missing page, an anchor that is gone, a
+Python name the API reference cannot find: each fails it), the CLI reference it generates is the parser's help,
+and the README's set-up commands are the ones CI runs.
+
+    PYTHONPATH=src python -m pytest tests/test_docs.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built once for this file (about 5 s) from this checkout's docs/ and src/."""
+    try:
+        import mkdocs  # noqa: F401 - only to say what to install
+        import mkdocstrings  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(f"{exc.name} is missing: the docs build is part of the tests; install with pip install -e '.[dev]'")
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-6000:]}"
+    return out
+
+
+def test_the_site_builds_strictly_with_every_page(site):
+    for page in ("index", "training", "hardware", "data-and-rewards", "control-plane", "evaluation", "tool-use", "ray",
+                 "security", "tinker", "architecture", "contributing", "results", "reference/cli", "reference/python"):
+        assert (site / page / "index.html").is_file() or (page == "index" and (site / "index.html").is_file()), page
+
+
+def test_the_cli_reference_is_the_parsers_help(site):
+    """Every command of the parser has its section, and its text is what `strop runs start --help` prints."""
+    html = (site / "reference" / "cli" / "index.html").read_text()
+    done = subprocess.run([sys.executable, "-m", "strop.cli.main", "runs", "start", "--help"], cwd=ROOT,
+                          env={**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "PYTHONPATH": str(ROOT / "src")},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for line in done.stdout.splitlines()[:6]:
+        escaped = line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+        assert escaped.strip() in html, line
+    for command in ("strop quickstart", "strop serve-tinker", "strop registry datasets register", "strop envs demos"):
+        assert f"<code>{command}</code>" in html, command
+
+
+def test_the_python_reference_documents_the_api(site):
+    html = (site / "reference" / "python" / "index.html").read_text()
+    for name in ("strop.client.ServiceClient", "strop.client.TrainingClient.forward_backward", "strop.types.Datum",
+                 "strop.rl.config.GRPOConfig", "strop.sft.loop.run_sft", "strop.scoring.bundles.load_grader"):
+        assert f'id="{name}"' in html, name
