@@ -8,6 +8,7 @@ and the README's set-up commands are the ones CI runs.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +60,20 @@ def test_the_python_reference_documents_the_api(site):
     for name in ("strop.client.ServiceClient", "strop.client.TrainingClient.forward_backward", "strop.types.Datum",
                  "strop.rl.config.GRPOConfig", "strop.sft.loop.run_sft", "strop.scoring.bundles.load_grader"):
         assert f'id="{name}"' in html, name
+
+
+def test_the_readme_set_up_commands_are_the_ones_ci_runs():
+    """CI's .ci/run runs the README's install and test commands: the two must stay in step."""
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    for command in ('python3 -m venv .venv && .venv/bin/pip install -e ".[dev]"', ".venv/bin/python -m pytest"):
+        assert f"```bash\n{command}\n```" in README, f"the README no longer shows {command!r} as its own block"
+        assert command in ci_lines, f".ci/run no longer runs {command!r} as a line of its own"
+
+
+def test_the_readmes_links_lead_somewhere():
+    """mkdocs checks the site's links; the README is outside the site, so its relative links are checked here."""
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    relative = [link for link in links if "://" not in link]
+    assert relative, "the README links to no docs page"
+    missing = [link for link in relative if not (ROOT / link).exists()]
+    assert not missing, f"README links to files that are not there: {missing}"

@@ -1,5 +1,6 @@
 """MkDocs hook: the CLI reference page (reference/cli.md), generated at build time from strop's own parser, so it
 says what `strop CMD --help` says today and cannot go stale. Each command's section is that command's help text.
+The file in the repository is a stub (what GitHub shows); the built page's text is replaced by the generated one.
 
 It documents the checkout it sits in: `src/` goes first on the path, whatever strop is installed."""
 
@@ -9,8 +10,6 @@ import argparse
 import os
 import sys
 from pathlib import Path
-
-from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = "reference/cli.md"
@@ -43,6 +42,5 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def on_files(files, config):
-    files.append(File.generated(config, PAGE, content=render()))
-    return files
+def on_page_markdown(markdown, page, config, files):
+    return render() if page.file.src_uri == PAGE else markdown
