@@ -45,7 +45,7 @@ def test_the_cli_reference_is_the_parsers_help(site):
     """Every command of the parser has its section, and its text is what `strop runs start --help` prints."""
     html = (site / "reference" / "cli" / "index.html").read_text()
     done = subprocess.run([sys.executable, "-m", "strop.cli.main", "runs", "start", "--help"], cwd=ROOT,
-                          env={**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "PYTHONPATH": str(ROOT / "src")},
+                          env={**os.environ, "COLUMNS": "86", "NO_COLOR": "1", "PYTHONPATH": str(ROOT / "src")},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     for line in done.stdout.splitlines()[:6]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = "reference/cli.md"
-WIDTH = "100"  # argparse wraps help to $COLUMNS: fixed, so the page does not depend on the terminal that built it
+WIDTH = "86"  # argparse wraps help to $COLUMNS: fixed, so the page does not depend on the terminal that built it
 
 
 def _commands(parser: argparse.ArgumentParser, path: list[str]):
@@ -26,7 +26,8 @@ def _commands(parser: argparse.ArgumentParser, path: list[str]):
 
 
 def render() -> str:
-    sys.path.insert(0, str(ROOT / "src"))
+    if str(ROOT / "src") not in sys.path:  # `mkdocs serve` renders again in the same process
+        sys.path.insert(0, str(ROOT / "src"))
     os.environ["COLUMNS"] = WIDTH
     os.environ["NO_COLOR"] = "1"  # Python 3.14's argparse colours help on a terminal
     from strop.cli.main import build_parser  # here, not at the top: the path above must be set first
