@@ -77,3 +77,33 @@ def test_the_readmes_links_lead_somewhere():
     assert relative, "the README links to no docs page"
     missing = [link for link in relative if not (ROOT / link).exists()]
     assert not missing, f"README links to files that are not there: {missing}"
+
+
+def _prose() -> dict[str, str]:
+    """The hand-written docs: every page under docs/ (the generated CLI page is a stub), the README, CONTRIBUTING."""
+    pages = {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "docs").rglob("*.md")}
+    return {**pages, "README.md": README, "CONTRIBUTING.md": (ROOT / "CONTRIBUTING.md").read_text()}
+
+
+def test_every_page_says_how_we_know():
+    """Each subject page ends with the tests and results behind it."""
+    exempt = {"docs/index.md", "docs/results.md", "docs/contributing.md", "docs/reference/cli.md",
+              "docs/reference/python.md"}
+    missing = [name for name, text in _prose().items()
+               if name.startswith("docs/") and name not in exempt and "**How we know.**" not in text]
+    assert not missing, f"pages without a 'How we know' footer: {missing}"
+
+
+def test_the_tests_the_docs_name_exist():
+    """A footer that names a test file (or file::test) that is gone would claim evidence that is not there."""
+    gone = []
+    for name, text in _prose().items():
+        for path, test in set(re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", text)):
+            if not (ROOT / path).is_file():
+                gone.append(f"{name}: {path}")
+            elif test and f"def {test}(" not in (ROOT / path).read_text():
+                gone.append(f"{name}: {path}::{test}")
+        for short in re.findall(r"`(test_fault_\w+\.py)`", text):
+            if not (ROOT / "tests" / "faults" / short).is_file():
+                gone.append(f"{name}: tests/faults/{short}")
+    assert not gone, "docs name tests that do not exist:\n" + "\n".join(sorted(gone))
