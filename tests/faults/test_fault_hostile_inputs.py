@@ -395,6 +395,20 @@ def test_environment_names_resolve_only_to_environment_classes(tmp_path):
     assert env.splits() == ["train", "eval"]
 
 
+def test_a_users_environment_that_takes_no_seed_is_named_not_a_traceback(tmp_path, monkeypatch):
+    from strop.envs import get_env
+    from strop.errors import StropError
+    (tmp_path / "seedless_env.py").write_text(
+        "from toy_env import ToyEnv\n"
+        "class Seedless(ToyEnv):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(StropError, match=r"constructor takes no 'seed' option.*def __init__\(self, seed"):
+        get_env("seedless_env:Seedless", seed=0)
+    assert get_env("seedless_env:Seedless").splits() == ["train", "eval"]
+
+
 # ---- names -----------------------------------------------------------------------------------------------
 
 def test_names_are_checked_wherever_they_are_accepted(home, tmp_path, capsys):  # noqa: F811

@@ -102,7 +102,28 @@ def get_env(name: str, **options) -> Environment:
     if kind == "registered":
         module, cls, _ = _ENVS[name]
         return getattr(importlib.import_module(module), cls)(**options)
-    return load_env_class(name)(**options)
+    cls = load_env_class(name)
+    _check_options(name, cls, options)
+    return cls(**options)
+
+
+def _check_options(name: str, cls: type, options: dict) -> None:
+    # a user's class that does not take an option strop passes (seed, most often) would otherwise end in a
+    # TypeError traceback from its constructor
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):  # a signature Python cannot read: let the call itself say
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    taken = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                    inspect.Parameter.KEYWORD_ONLY)}
+    refused = [k for k in options if k not in taken]
+    if refused:
+        listed = ", ".join(repr(k) for k in refused)
+        raise StropError(f"environment {shown(name)}: its constructor takes no {listed} option, which strop passes "
+                         f"(seed from --seed or the run's environment options); give {cls.__name__}.__init__ a "
+                         f"parameter for each (e.g. `def __init__(self, seed: int = 0, **options)`)")
 
 
 def load_env_class(name: str) -> type:
