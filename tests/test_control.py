@@ -181,6 +181,18 @@ def test_admission_names_what_is_missing(workspace, capsys):
     assert json.loads(out) == []
 
 
+def test_admission_refuses_a_tracker_whose_package_is_missing(workspace, capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "wandb", None)  # how Python marks a package that cannot be imported
+    code, out, err = run(capsys, "runs", "start", "-f",
+                         descriptor(workspace, **{"execution.reportTo": ["tensorboard", "wandb"]}), "--dry-run")
+    assert code == 1 and out == ""
+    assert "$.execution.reportTo: the wandb tracker needs the 'wandb' package" in err and '".[wandb]"' in err
+    code, out, _ = run(capsys, "runs", "start", "-f", descriptor(workspace, **{"execution.reportTo": []}),
+                       "--dry-run", "-o", "json")
+    assert code == 0 and json.loads(out)["valid"]
+
+
 def test_execution_gpus_is_honoured_and_more_than_found_is_refused(workspace, capsys):
     from strop.engine.precision import cuda_count
     found = cuda_count()

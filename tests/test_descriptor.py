@@ -188,7 +188,7 @@ def test_missing_sections_and_bad_terms():
     data["config"]["reward"]["terms"] = []
     found = problems(data)
     assert "$.config.reward.terms: must be a non-empty list of reward terms (got [])" in found
-    assert any(p.startswith("$.execution: must be an object with fields gpus, saveEvery, keepAdapters, dtype (optional), sampler (optional), ray (optional), maxOffPolicySteps (optional) (missing)")
+    assert any(p.startswith("$.execution: must be an object with fields gpus, saveEvery, keepAdapters, dtype (optional), sampler (optional), ray (optional), maxOffPolicySteps (optional), reportTo (optional), reportRolloutsEvery (optional) (missing)")
                for p in found)
 
     data = seed()

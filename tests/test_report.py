@@ -175,6 +175,19 @@ def test_training_curves_leave_out_what_the_rows_lack():
     assert [ax.get_title() for ax in training_figure(rows).axes] == ["reward", "entropy"]
 
 
+@pytest.mark.parametrize("steps", [2, 3, 7, 1000])
+def test_training_curves_tick_the_step_axis_at_whole_steps(steps):
+    # matplotlib's default locator puts a 3-step run's ticks at 0, 0.25, 0.5, ...: no step is a fraction
+    fig = training_figure(metrics_rows(steps))
+    fig.canvas.draw()
+    for ax in fig.axes:
+        low, high = ax.get_xlim()
+        shown = [t for t in ax.get_xticks() if low <= t <= high]
+        assert len(shown) >= 2 and all(float(t).is_integer() for t in shown), (steps, ax.get_title(), shown)
+        labels = [label.get_text().replace("\u2212", "-") for label in ax.get_xticklabels() if label.get_text()]
+        assert labels and all(re.fullmatch(r"-?\d+", text) for text in labels), (steps, labels)
+
+
 def test_training_curves_of_no_rows_is_a_clear_error(tmp_path):
     with pytest.raises(StropError, match="metrics rows are empty"):
         render_training_curves([], tmp_path / "training.png")

@@ -16,6 +16,7 @@ from strop.paths import runs_dir, safe_name
 from strop.rl.branching import IDENTICAL_TURNS
 from strop.rl.config import LOSS_FNS, GRPOConfig
 from strop.scoring.bundles import absolute_ref
+from strop.trackers import DEFAULT as DEFAULT_TRACKERS, parse_report_to
 
 
 def register(nouns) -> None:
@@ -134,6 +135,13 @@ def register(nouns) -> None:
     p.add_argument("--max-off-policy-steps", type=int,
                    help="sample up to N steps ahead while the trainer updates, on rollouts at most N updates old "
                         "(default: 0, every step samples with the weights it trains)")
+    p.add_argument("--report-to", type=parse_report_to, metavar="NAME[,NAME...]",
+                   help="experiment trackers for the run's metrics, config and sample rollouts: tensorboard (the "
+                        "run folder's events/), trackio, mlflow, wandb (each an extra: pip install -e "
+                        "\".[trackers]\"; where each writes: strop.trackers), or none (default: tensorboard)")
+    p.add_argument("--report-rollouts-every", type=int, metavar="N",
+                   help="a table of the first rollouts of every Nth step to the trackers that have tables "
+                        "(default: 10)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_output_flags(p)
     p.set_defaults(handler=run)
@@ -154,7 +162,8 @@ FLAG_FIELDS = {"--base-model": "base_model", "--dataset": "dataset", "--limit": 
                "--max-off-policy-steps": "max_off_policy_steps", "--kl-reference": "kl_reference",
                "--variance-on": "variance_on", "--dynamic-sampling": "dynamic_sampling",
                "--max-tasks-per-step": "max_tasks_per_step", "--warmup-steps": "warmup_steps",
-               "--branch-at-turn": "branch_at_turn", "--identical-turns": "identical_turns"}
+               "--branch-at-turn": "branch_at_turn", "--identical-turns": "identical_turns",
+               "--report-to": "report_to", "--report-rollouts-every": "report_rollouts_every"}
 RAY_FLAGS = "--ray-address/--samplers/--trainers"
 
 
@@ -227,7 +236,9 @@ GRPO_ONLY = ("--limit", "--reward", "--group-size", "--max-tokens", "--temperatu
              "--scale-by-std", "--system-prompt", "--question-suffix", "--rollout-correction",
              "--rollout-correction-cap", "--sampler", "--samplers", "--max-off-policy-steps", "--kl-reference",
              "--variance-on", "--dynamic-sampling", "--max-tasks-per-step", "--warmup-steps", "--branch-at-turn",
-             "--identical-turns", "--environment", "--env-option")
+             "--identical-turns", "--environment", "--env-option", "--report-rollouts-every")
+# how a run is reported is not what it trains: a resumed run may report to other trackers than it started with
+REPORTING = ("report_to", "report_rollouts_every")
 
 
 def run(args) -> int:
@@ -245,8 +256,9 @@ def run(args) -> int:
     if run_dir.exists() and (run_dir / "config.json").exists():
         # a setting added since the run was made reads as its default, so an older run folder still resumes
         saved = {**GRPOConfig.defaults(), **json.loads((run_dir / "config.json").read_text())}
-        if saved != config.to_dict():
-            changed = sorted(k for k in set(saved) | set(config.to_dict()) if saved.get(k) != config.to_dict().get(k))
+        wanted = config.to_dict()
+        changed = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k) and k not in REPORTING)
+        if changed:
             raise StropError(f"{run_dir} holds a run with a different config (differs in {', '.join(changed)}); "
                              "resume it with the same flags, or choose another --run-dir")
     result = run_grpo(config, run_dir, progress=not args.quiet, announce=True)
@@ -275,6 +287,7 @@ def run_sft_command(args) -> int:
                            lora_rank=args.rank, max_seq_length=args.max_seq_length, eval_every=args.eval_every,
                            save_every=args.save_every, keep_adapters=args.keep_adapters, seed=args.seed,
                            dtype=args.dtype, ray=sft_ray(args),
+                           report_to=list(DEFAULT_TRACKERS) if args.report_to is None else args.report_to,
                            init_adapter=str(Path(args.init_adapter).resolve()) if args.init_adapter else None)
     except StropError as exc:
         raise StropError(str(exc).replace("invalid supervised config", "invalid flags")) from None

@@ -50,6 +50,7 @@ from strop.control.descriptor_sampling import branching_problems, sampling_probl
 from strop.rl.config import GRPOConfig
 from strop.rl.limits import LIMITS
 from strop.scoring.bundles import BUILTINS
+from strop.trackers import CHOICES as TRACKER_CHOICES, DEFAULT as DEFAULT_TRACKERS
 
 BUILTIN_PREFIX = "builtin:"
 _IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -277,6 +278,19 @@ class ExecutionSpec(_Strict):
                                               'data-parallel trainers on a Ray cluster (pip install -e ".[ray]"), '
                                               'or null: everything in one process')
     max_off_policy_steps: int = _limited("max_off_policy_steps", 0)
+    # the experiment trackers (strop.trackers); whether each is installed is checked when the run is admitted
+    report_to: list[Literal[TRACKER_CHOICES]] = _field(
+        default_factory=lambda: list(DEFAULT_TRACKERS), accepts=f"a list of tracker names from "
+        f"{', '.join(TRACKER_CHOICES)} (each but tensorboard an extra: pip install -e \".[trackers]\"), or []",
+        item=f"one of {', '.join(map(repr, TRACKER_CHOICES))}")
+    report_rollouts_every: int | None = _limited("report_rollouts_every", 10, optional=True)
+
+    @field_validator("report_to")
+    @classmethod
+    def _each_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("it names a tracker more than once; name each once")
+        return value
 
 
 class RunDescriptor(_Strict):
@@ -375,7 +389,8 @@ def to_sft_config(descriptor: RunDescriptor, dataset: str, **overrides: Any):
                   weight_decay=hp.optimizer.weight_decay, grad_clip_norm=hp.optimizer.grad_clip_norm,
                   lora_rank=hp.lora.rank, lora_alpha=hp.lora.alpha, max_seq_length=config.max_seq_length,
                   save_every=descriptor.execution.save_every, keep_adapters=descriptor.execution.keep_adapters,
-                  dtype=descriptor.execution.dtype, ray=descriptor.trainer_ray(), gpus=descriptor.execution.gpus)
+                  dtype=descriptor.execution.dtype, ray=descriptor.trainer_ray(), gpus=descriptor.execution.gpus,
+                  report_to=list(descriptor.execution.report_to))
     if hp.lora.target_modules is not None:
         raise DescriptorError("run descriptor cannot be run:\n  $.config.*.lora.targetModules: the supervised loop "
                               "adapts every projection; remove it", ["$.config.*.lora.targetModules: remove it"])

@@ -43,6 +43,7 @@ from strop.scoring import confine
 from strop.store import open_store, session_scope
 from strop.store.schema import FINISHED_STATUSES, Evaluation, Model, Project, Run, RunStep, utcnow
 from strop.tokenizer_utils import get_tokenizer
+from strop.trackers import missing_extras
 
 
 class RunError(StropError):
@@ -88,6 +89,7 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
         require_vllm(descriptor.execution.sampler, descriptor.execution.ray)
     except StropError as exc:
         problems.append(f"$.execution.sampler: {exc}")
+    problems += [f"$.execution.reportTo: {problem}" for problem in missing_extras(descriptor.execution.report_to)]
     if descriptor.config.environment is not None:
         env = descriptor.config.environment
         pinned["environment"] = {"name": env.name, "options": dict(env.options), "split": env.split}

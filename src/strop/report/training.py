@@ -7,13 +7,16 @@
 
 One panel per signal that the rows carry, against `step`: reward (the total and each `reward/<term>`),
 zeroVarianceGroups (groups whose samples all scored the same, so they teach nothing), KL (klSampleTrain
-and klBase), entropy and completionLength. A key missing from every row is simply not drawn.
+and klBase), entropy and completionLength. A key missing from every row is simply not drawn. The step axis
+is ticked at whole steps only.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+
+from matplotlib.ticker import MaxNLocator
 
 from strop.errors import StropError
 from strop.report.figures import new_figure, save_png
@@ -62,6 +65,8 @@ def training_figure(metrics_rows: list[dict]):
             ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3,
                     linewidth=2.2 if key == "reward" else 1.4, label=key)
         ax.set_xlabel("step")
+        # steps are whole numbers: a 3-step run must not be labelled 0.25, 0.5, ... (at most ~8 ticks, any run)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
         ax.grid(alpha=0.3)
         if len(curves) > 1:
             ax.legend(fontsize=8)

@@ -22,6 +22,7 @@ from strop.engine.losses import POLICY_LOSSES
 from strop.rl.limits import LIMITS
 from strop.rl.dynamic_sampling import sampling_problems
 from strop.rl.branching import IDENTICAL_TURNS, branching_problems
+from strop.trackers import CHOICES as TRACKER_CHOICES, DEFAULT as DEFAULT_TRACKERS, report_to_problems
 
 KL_REFERENCES = ("start", "base")
 
@@ -152,6 +153,13 @@ class GRPOConfig:
     gpus: int | None = _help("GPUs the run asks for: 0 computes on the CPU, 1 on a CUDA GPU (on the CPU where torch "
                              "sees none); more need execution.ray, a data-parallel trainer a GPU; None: a GPU where "
                              "there is one (strop.engine.precision.run_device)", None, descriptor="execution.gpus")
+    report_to: list = _help(f"the experiment trackers the run's metrics, config and sample rollouts go to, from "
+                            f"{', '.join(TRACKER_CHOICES)} (each but tensorboard an extra: pip install -e "
+                            f"\".[trackers]\"; strop.trackers); []: none, metrics.jsonl only",
+                            factory=lambda: list(DEFAULT_TRACKERS), descriptor="execution.reportTo")
+    report_rollouts_every: int | None = _help("send a table of the first rollouts of every Nth step (0, N, 2N, ...) "
+                                              "to the trackers that have tables; None: no tables", 10,
+                                              descriptor="execution.reportRolloutsEvery")
     max_off_policy_steps: int = _help("sample up to this many steps ahead while the trainer updates (0: every step "
                                       "samples with the weights it trains): rollouts at most this many updates old, "
                                       "their sampler logprobs correcting the update (importance sampling)", 0,
@@ -213,6 +221,7 @@ class GRPOConfig:
             p.append(("sampler", f"must be one of {', '.join(SAMPLER_CHOICES)}, got {self.sampler!r}"))
         if self.ray is not None:
             p.extend(("ray", problem) for problem in RaySettings.problems(self.ray))
+        p.extend(("report_to", problem) for problem in report_to_problems(self.report_to))
         if _is_int(self.max_seq_length) and _is_int(self.max_completion_length) \
                 and self.max_seq_length <= self.max_completion_length:
             p.append(("max_seq_length", f"must exceed max_completion_length ({self.max_completion_length}) to "

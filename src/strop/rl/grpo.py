@@ -207,7 +207,8 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
     if announce:
         print(f"run folder: {run_dir}" + (f" (resuming at step {start_step})" if start_step else ""), file=sys.stderr)
     batches = StepBatches(len(items), config)
-    log = RunLog(run_dir, start_step=start_step)
+    log = RunLog(run_dir, start_step=start_step, report_to=config.report_to, config=config.to_dict(),
+                 rollouts_every=config.report_rollouts_every)
     ctx = StepContext(config=config, training=training, renderer=renderer, source=source, adam=adam_params(config),
                       log=log, base_sampler=base_sampler,
                       draw=TaskDraws(items, config.seed) if config.dynamic_sampling else None)

@@ -88,6 +88,7 @@ LIMITS: dict[str, Limit] = {
     "max_steps": Limit(1, MAX_STEPS, True, _STEPS_WHY, optional=True),
     "save_every": Limit(1, MAX_STEPS, True, _STEPS_WHY),
     "eval_every": Limit(1, MAX_STEPS, True, _STEPS_WHY, optional=True),
+    "report_rollouts_every": Limit(1, MAX_STEPS, True, _STEPS_WHY, optional=True),
     "keep_adapters": Limit(1, 1000, True, "each kept checkpoint is a full adapter and optimizer state on disk"),
     "dataset_limit": Limit(1, 100_000_000, True, "rows are read into memory before the first step", optional=True),
     "lora_rank": Limit(1, 1024, True, "the adapter's weights and optimizer state grow with the rank, and a rank past "

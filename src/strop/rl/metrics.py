@@ -1,5 +1,5 @@
-"""A run's plain-file record: one JSON line per step in metrics.jsonl, the same scalars as TensorBoard events,
-and each sampled completion in rollouts.jsonl.
+"""A run's plain-file record: one JSON line per step in metrics.jsonl, the same scalars as TensorBoard events
+(and any other tracker the run reports to: strop.trackers), and each sampled completion in rollouts.jsonl.
 
 Resuming from a checkpoint at step k first cuts every file back to the steps before k, so a run that died at
 any moment ends with exactly one row per step, numbered as if it had never stopped.
@@ -8,9 +8,10 @@ any moment ends with exactly one row per step, numbered as if it had never stopp
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
+
+from strop.trackers import DEFAULT, RunInfo, open_trackers
 
 
 def _truncate_jsonl(path: Path, keep_before_step: int) -> None:
@@ -45,30 +46,33 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 class RunLog:
-    def __init__(self, run_dir: str | Path, start_step: int = 0):
+    """`report_to` names the run's trackers (strop.trackers; checked before the run started), `config` is what
+    they get as the run's parameters, and every `rollouts_every` steps a sample of the step's rollouts goes to
+    those that have tables."""
+
+    def __init__(self, run_dir: str | Path, start_step: int = 0, *, report_to=DEFAULT, config: dict | None = None,
+                 rollouts_every: int | None = None):
         self.run_dir = Path(run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.rollouts_path = self.run_dir / "rollouts.jsonl"
         _truncate_jsonl(self.metrics_path, start_step)
         _truncate_jsonl(self.rollouts_path, start_step)
-        from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is slow to import, read-only users skip it
-        # purge_step hides events a dead process wrote past the checkpoint we resume from
-        self.events = SummaryWriter(str(self.run_dir / "events"), purge_step=start_step if start_step else None)
+        self.trackers = open_trackers(report_to, RunInfo(name=self.run_dir.name, run_dir=self.run_dir,
+                                                         config=config or {}),
+                                      start_step=start_step, rollouts_every=rollouts_every)
 
     def write_step(self, row: dict) -> None:
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        for key, value in row.items():
-            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                self.events.add_scalar(key, value, row["step"])
-        self.events.flush()
+        self.trackers.log_row(row)
 
     def write_rollouts(self, rows: list[dict]) -> None:
         with open(self.rollouts_path, "a", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+        self.trackers.log_rollouts(rows)
 
     def close(self) -> None:
-        self.events.close()
+        self.trackers.close()

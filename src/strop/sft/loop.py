@@ -19,7 +19,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -37,6 +37,7 @@ from strop.rl.metrics import RunLog, read_jsonl
 from strop.rl.skipped import SkippedUpdates
 from strop.rl.step import adam_params, training_client
 from strop.sft.data import Example, check_file, load_examples
+from strop.trackers import DEFAULT as DEFAULT_TRACKERS, report_to_problems
 
 
 @dataclass
@@ -62,6 +63,7 @@ class SFTConfig:
     dtype: str = "auto"                    # auto | float32 | bfloat16 (strop.engine.precision)
     ray: dict | None = None                # {"address", "trainers"}: train on a Ray cluster (strop.cluster)
     gpus: int | None = None                # execution.gpus: 0 the CPU, 1 a GPU where there is one (run_device)
+    report_to: list = field(default_factory=lambda: list(DEFAULT_TRACKERS))  # execution.reportTo: strop.trackers
 
     def __post_init__(self):
         problems = self.problems()
@@ -79,6 +81,7 @@ class SFTConfig:
             found.append(f"dtype: must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.ray is not None:
             found.extend(f"ray: {problem}" for problem in RaySettings.problems(self.ray))
+        found.extend(f"report_to: {problem}" for problem in report_to_problems(self.report_to))
         if not isinstance(self.dataset, str) or not self.dataset:
             found.append("dataset: give a .jsonl file of chat transcripts or prompt/completion pairs")
         if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
@@ -154,9 +157,10 @@ def run_sft(config: SFTConfig, run_dir: str | Path, *, service: ServiceClient | 
     steps = config.max_steps or config.epochs * per_pass
     adam = adam_params(config)
     start = checkpoints.resume(training, run_dir)
-    (run_dir / "config.json").write_text(json.dumps({"method": "sft", **config.to_dict()}, indent=2))
+    saved = {"method": "sft", **config.to_dict()}
+    (run_dir / "config.json").write_text(json.dumps(saved, indent=2))
     (run_dir / "engine.json").write_text(json.dumps(training.engine_facts(), indent=2))
-    log = RunLog(run_dir, start_step=start)
+    log = RunLog(run_dir, start_step=start, report_to=config.report_to, config=saved)
     skipped = SkippedUpdates(0.5, "a supervised run's limit")
     bar = tqdm(total=steps, initial=start, desc="SFT", unit="step", file=sys.stderr, dynamic_ncols=True) \
         if progress else None
