@@ -1,0 +1,130 @@
+"""The JSON endpoints of `strop ui`, as plain functions of the request's path parts and query.
+
+    GET  /api/runs?project=P&status=S          the runs table (the page polls it)
+    GET  /api/runs/RUN                         one run: record, descriptor, pinned, checkpoints, evaluations
+    GET  /api/runs/RUN/metrics                 every metrics row
+    GET  /api/runs/RUN/log                     the last 64 kB of the worker's log
+    GET  /api/runs/RUN/steps                   the steps rollouts.jsonl holds, with counts
+    GET  /api/runs/RUN/rollouts?step=&group=&minReward=&maxReward=&term=&termMin=&kind=&q=&errors=1&offset=&limit=
+    POST /api/runs/RUN/cancel | /resume        the control plane's cancel and resume
+    GET  /api/models, /api/projects            tuned models with lineage; project names
+
+Each returns (HTTP status, JSON-able payload); a StropError becomes a 4xx with its message.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from strop.control import models, projects, run_view, runs
+from strop.control.run_view import tail
+from strop.errors import StropError
+from strop.ui.rollouts import MAX_PAGE, RolloutQuery, index_for
+
+RUN_ID = re.compile(r"run-[0-9a-f]{8}")
+
+
+class BadRequest(StropError):
+    """A request the UI cannot answer as asked (400)."""
+
+
+def handle(method: str, parts: list[str], query: dict[str, str]) -> tuple[int, object]:
+    if parts == ["runs"] and method == "GET":
+        status = query.get("status") or None
+        if status and status not in run_view.STATUSES:
+            raise BadRequest(f"status must be one of {', '.join(run_view.STATUSES)} (got {status[:40]!r})")
+        return 200, {"runs": run_view.table(query.get("project") or None, status)}
+    if parts == ["models"] and method == "GET":
+        return 200, {"models": _models()}
+    if parts == ["projects"] and method == "GET":
+        return 200, {"projects": [p["name"] for p in projects.list_all()]}
+    if len(parts) >= 2 and parts[0] == "runs":
+        return _run(method, parts[1], parts[2:], query)
+    return 404, {"error": f"no endpoint {method} /api/{'/'.join(parts)[:100]}"}
+
+
+def _run(method: str, run_id: str, rest: list[str], query: dict[str, str]) -> tuple[int, object]:
+    if not RUN_ID.fullmatch(run_id):
+        raise BadRequest(f"{run_id[:60]!r} is not a run id (run- and 8 hex digits, as `strop runs list` shows)")
+    what = rest[0] if rest else ""
+    if method == "POST" and what in ("cancel", "resume") and len(rest) == 1:
+        return 200, (runs.cancel if what == "cancel" else runs.resume)(run_id)
+    if method != "GET" or len(rest) > 1:
+        return 404, {"error": f"no endpoint {method} /api/runs/{run_id}/{'/'.join(rest)[:60]}"}
+    if what == "":
+        return 200, run_view.detail(run_id)
+    if what == "metrics":
+        return 200, {"rows": run_view.metrics(run_id)}
+    if what == "log":
+        return 200, {"text": tail(run_view.folder(run_id) / "worker.log")}
+    if what == "steps":
+        index = index_for(run_view.folder(run_id) / "rollouts.jsonl")
+        index.refresh()
+        return 200, {"steps": index.steps_summary(), "rollouts": len(index.offsets)}
+    if what == "rollouts":
+        index = index_for(run_view.folder(run_id) / "rollouts.jsonl")
+        page = index.page(rollout_query(query), offset=_int(query, "offset", 0, 0),
+                          limit=_int(query, "limit", 40, 1, MAX_PAGE))
+        return 200, page
+    return 404, {"error": f"no endpoint GET /api/runs/{run_id}/{what[:60]}"}
+
+
+def rollout_query(query: dict[str, str]) -> RolloutQuery:
+    return RolloutQuery(step=_opt_int(query, "step"), group=_opt_int(query, "group"),
+                        min_reward=_opt_float(query, "minReward"), max_reward=_opt_float(query, "maxReward"),
+                        term=query.get("term") or None, term_min=_opt_float(query, "termMin"),
+                        kind=query.get("kind") or None, text=(query.get("q") or "")[:200] or None,
+                        errors_only=query.get("errors") in ("1", "true"))
+
+
+def _models() -> list[dict]:
+    found = []
+    for model in models.list_all():
+        try:
+            model["lineage"] = runs.get(model["runId"])["lineage"]
+        except StropError:
+            model["lineage"] = []
+        found.append(model)
+    return found
+
+
+def _opt_int(query: dict, key: str) -> int | None:
+    return None if query.get(key) in (None, "") else _int(query, key, 0, -(1 << 62))
+
+
+def _int(query: dict, key: str, default: int, low: int, high: int = 1 << 62) -> int:
+    raw = query.get(key)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{key} must be a whole number (got {raw[:40]!r})") from None
+    if not low <= value <= high:
+        raise BadRequest(f"{key} must be between {low} and {high} (got {value})")
+    return value
+
+
+def _opt_float(query: dict, key: str) -> float | None:
+    raw = query.get(key)
+    if raw in (None, ""):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(f"{key} must be a number (got {raw[:40]!r})") from None
+    if not math.isfinite(value):
+        raise BadRequest(f"{key} must be a finite number (got {raw[:40]!r})")
+    return value
+
+
+def finite(value):
+    """NaN and infinities as null: JSON has no such numbers and a browser's JSON.parse refuses them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
