@@ -15,7 +15,7 @@ import pytest
 from strop.control.runs import run_dir
 from strop.errors import StropError
 from strop.ui.rollouts import RolloutIndex, RolloutQuery
-from ui_runs import HOSTILE, make_run, single_turn_rollouts, ui_server, write_metrics
+from ui_runs import HOSTILE, make_evaluation, make_run, single_turn_rollouts, ui_server, write_metrics
 
 
 def _get(server, path: str, headers: dict | None = None, method: str = "GET", body: bytes | None = None):
@@ -169,3 +169,19 @@ def test_every_page_asset_is_served_and_ships_in_the_wheel(server):
         status, body, response = _get(server, src)
         assert status == 200 and body and response.getheader("X-Content-Type-Options") == "nosniff"
     assert "http" not in "".join(re.findall(r'(?:src|href)="([^"]+)"', html))    # nothing from elsewhere
+
+
+def test_evaluations_list_one_with_its_items_and_two_compared(server):
+    a = make_evaluation("strop/tiny-random", [True, False, False, True])
+    b = make_evaluation("model-12345678", [True, True, True, True])
+    listed = [e["evaluationId"] for e in _get(server, "/api/evaluations")[1]["evaluations"]]
+    assert listed[:2] == [b, a]
+    one = _get(server, f"/api/evaluations/{a}")[1]
+    assert one["summary"]["accuracy"] == 0.5 and one["itemsShown"] == 4 and one["items"][1]["extracted"] == "5"
+    compared = _get(server, f"/api/compare?a={a}&b={b}")[1]
+    assert compared["accuracy"]["delta"] == 0.5 and compared["mcnemar"] == {"p": 0.5, "aOnly": 0, "bOnly": 2}
+    assert compared["items"][1]["a"]["correct"] is False and compared["items"][1]["b"]["correct"] is True
+    status, body, _ = _get(server, "/api/compare?a=eval-1&b=x")
+    assert status == 400 and "is not an evaluation id" in body["error"]
+    status, body, _ = _get(server, "/api/evaluations/eval-00000000")
+    assert status == 404 and "no evaluation" in body["error"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ui_runs import HOSTILE, finance_episode, make_run, single_turn_rollouts, ui_server, write_metrics
+from ui_runs import HOSTILE, finance_episode, make_evaluation, make_run, single_turn_rollouts, ui_server, write_metrics
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None,
                                 reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
@@ -74,6 +74,10 @@ def test_run_page_draws_curves_with_hover_and_an_overlay(browser, base_url, tmp_
     assert page.evaluate("document.querySelector('[data-fact=\"step\"]').textContent") == "5 / 10"
     assert "synthetic:add" in page.evaluate("document.getElementById('descriptor').textContent")
     _shot(page, "run", tmp_path)
+    page.evaluate("document.getElementById('cancel').click()")       # armed, not sent
+    assert page.evaluate("document.getElementById('cancel').textContent") == "click again to cancel"
+    page.evaluate("document.getElementById('cancel').click()")       # the control plane's cancel
+    page.wait_for("document.querySelector('h1 .badge').textContent === 'cancelled'")
     assert page.problems() == []
 
 
@@ -106,4 +110,23 @@ def test_hostile_completion_shows_as_text_and_runs_nothing(browser, base_url, tm
     assert page.evaluate("window.__pwned === undefined") is True
     assert "grader error: grader timed out after 5 s" in page.evaluate("document.getElementById('rollouts').textContent")
     _shot(page, "rollouts-hostile", tmp_path)
+    assert page.problems() == []
+
+
+def test_two_evaluations_side_by_side(browser, base_url, tmp_path):
+    a = make_evaluation("strop/tiny-random", [True, False], response=HOSTILE)
+    b = make_evaluation("model-12345678", [True, True])
+    page = browser.page(f"{base_url}/#/evaluations")
+    page.wait_for(f"document.querySelectorAll('tr[data-eval=\"{a}\"], tr[data-eval=\"{b}\"]').length === 2")
+    page.evaluate(f"document.querySelector('input.pick-eval[value=\"{a}\"]').click();"
+                  f"document.querySelector('input.pick-eval[value=\"{b}\"]').click();"
+                  "document.getElementById('compare-evals').click()")
+    page.wait_for("document.querySelectorAll('#compare-items tbody tr').length === 2")
+    stats = page.evaluate("document.getElementById('compare-stats').textContent")
+    assert "accuracy A0.5" in stats and "accuracy B1" in stats and "B only 1" in stats
+    cells = page.evaluate("[...document.querySelectorAll('#compare-items tbody tr')[1].children].map(c => c.textContent)")
+    assert cells[3].startswith("answer 5 ✗") and HOSTILE in cells[3] and cells[4].startswith("answer 3 ✓")
+    assert "clarity 4" in cells[4]
+    assert page.evaluate("document.querySelectorAll('#main img, #main script').length") == 0
+    _shot(page, "compare", tmp_path)
     assert page.problems() == []

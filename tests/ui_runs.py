@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from strop.control.runs import run_dir
 from strop.store import open_store, session_scope
-from strop.store.schema import Checkpoint, Project, Run
+from strop.store.schema import Checkpoint, Dataset, DatasetVersion, Evaluation, EvaluationItem, Project, Run
 
 HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
 
@@ -80,6 +80,31 @@ def finance_episode(step: int, group: int, reward: float) -> dict:
     return {"step": step, "group": group, "reward": reward, "advantage": 0.0, "task": "finance-sql-train-1",
             "question": transcript[0]["content"], "gold": "22.49%", "turns": 3, "transcript": transcript,
             "state": {"listed_tables_first": True}, "info": {"kind": "growth"}, "errors": []}
+
+
+def make_evaluation(model: str, correct: list[bool], response: str = "the answer is 4") -> str:
+    """A finished evaluation of `model` on len(correct) items (the same questions for every call)."""
+    with session_scope(open_store()) as s:
+        dataset = s.query(Dataset).filter_by(name="ui-questions").one_or_none()
+        if dataset is None:
+            dataset = Dataset(name="ui-questions")
+            s.add(dataset)
+            s.flush()
+            s.add(DatasetVersion(dataset_id=dataset.id, version=1, sha256="0" * 64, row_count=len(correct)))
+            s.flush()
+        version = s.query(DatasetVersion).filter_by(dataset_id=dataset.id).one()
+        accuracy = sum(correct) / len(correct)
+        evaluation = Evaluation(model_ref=model, dataset_version_id=version.id, grader_ref="builtin:gsm8k",
+                                status="succeeded", summary={"dataset": {"name": "ui-questions", "version": 1},
+                                                             "meanScore": accuracy, "accuracy": accuracy, "n": len(correct)})
+        s.add(evaluation)
+        s.flush()
+        for i, ok in enumerate(correct):
+            s.add(EvaluationItem(evaluation_id=evaluation.id, item_index=i, question=f"what is {i} + 2?",
+                                 gold=str(i + 2), response=response, extracted=str(i + 2) if ok else "5",
+                                 score=float(ok), correct=ok, tokens=4,
+                                 judge={"scores": {"clarity": 4}, "reasoning": "short and right"}))
+        return evaluation.id
 
 
 @contextmanager

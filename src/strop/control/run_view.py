@@ -7,6 +7,7 @@ Every read here is bounded: a tail of a file, never the whole of one that grows 
     from strop.control import run_view
     run_view.table(status="running")       # [{'runId', 'project', 'status', 'step', 'maxSteps', 'reward', ...}]
     run_view.detail("run-3f9a1c2e")        # the record, its descriptor, checkpoints and evaluations
+    run_view.evaluations()                 # the newest evaluations' records
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from strop.control import evaluations as eval_records
 from strop.control import runs
 from strop.store import open_store, session_scope
 from strop.store.schema import RUN_STATUSES, Checkpoint, Evaluation, Run
@@ -120,3 +122,10 @@ def folder(run_id: str) -> Path:
     """The run's folder, once the run is known to the store (an unknown id is an error that says so)."""
     runs.get(run_id)
     return runs.run_dir(run_id)
+
+
+def evaluations(limit: int = 500) -> list[dict]:
+    """The newest evaluations' records (the dict `strop evaluations get` prints), newest first."""
+    with session_scope(open_store(), read_only=True) as s:
+        ids = s.scalars(select(Evaluation.id).order_by(Evaluation.created_at.desc()).limit(limit)).all()
+    return [eval_records.get(i) for i in ids]

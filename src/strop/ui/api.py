@@ -8,6 +8,9 @@
     GET  /api/runs/RUN/rollouts?step=&group=&minReward=&maxReward=&term=&termMin=&kind=&q=&errors=1&offset=&limit=
     POST /api/runs/RUN/cancel | /resume        the control plane's cancel and resume
     GET  /api/models, /api/projects            tuned models with lineage; project names
+    GET  /api/evaluations                      the newest evaluations
+    GET  /api/evaluations/EVAL                 one evaluation with its per-item rows (at most MAX_ITEMS)
+    GET  /api/compare?a=EVAL&b=EVAL            two finished evaluations side by side, with the statistics
 
 Each returns (HTTP status, JSON-able payload); a StropError becomes a 4xx with its message.
 """
@@ -17,12 +20,14 @@ from __future__ import annotations
 import math
 import re
 
-from strop.control import models, projects, run_view, runs
+from strop.control import evaluations, models, projects, run_view, runs
 from strop.control.run_view import tail
 from strop.errors import StropError
 from strop.ui.rollouts import MAX_PAGE, RolloutQuery, index_for
 
 RUN_ID = re.compile(r"run-[0-9a-f]{8}")
+EVAL_ID = re.compile(r"eval-[0-9a-f]{8}")
+MAX_ITEMS = 5000
 
 
 class BadRequest(StropError):
@@ -39,6 +44,14 @@ def handle(method: str, parts: list[str], query: dict[str, str]) -> tuple[int, o
         return 200, {"models": _models()}
     if parts == ["projects"] and method == "GET":
         return 200, {"projects": [p["name"] for p in projects.list_all()]}
+    if parts == ["evaluations"] and method == "GET":
+        return 200, {"evaluations": run_view.evaluations()}
+    if len(parts) == 2 and parts[0] == "evaluations" and method == "GET":
+        report = evaluations.report(_eval_id(parts[1]), items=True)
+        report["itemsShown"], report["items"] = min(len(report["items"]), MAX_ITEMS), report["items"][:MAX_ITEMS]
+        return 200, report
+    if parts == ["compare"] and method == "GET":
+        return 200, evaluations.compare_evaluations(_eval_id(query.get("a", "")), _eval_id(query.get("b", "")))
     if len(parts) >= 2 and parts[0] == "runs":
         return _run(method, parts[1], parts[2:], query)
     return 404, {"error": f"no endpoint {method} /api/{'/'.join(parts)[:100]}"}
@@ -68,6 +81,12 @@ def _run(method: str, run_id: str, rest: list[str], query: dict[str, str]) -> tu
                           limit=_int(query, "limit", 40, 1, MAX_PAGE))
         return 200, page
     return 404, {"error": f"no endpoint GET /api/runs/{run_id}/{what[:60]}"}
+
+
+def _eval_id(value: str) -> str:
+    if not EVAL_ID.fullmatch(value):
+        raise BadRequest(f"{value[:60]!r} is not an evaluation id (eval- and 8 hex digits)")
+    return value
 
 
 def rollout_query(query: dict[str, str]) -> RolloutQuery:

@@ -25,6 +25,7 @@ from strop.serve.guard import content_type_problem, host_problem, is_loopback, o
 from strop.ui.api import BadRequest, finite, handle
 
 STATIC = {"app.js": "text/javascript", "charts.js": "text/javascript", "rollouts.js": "text/javascript",
+          "evals.js": "text/javascript",
           "style.css": "text/css", "index.html": "text/html"}
 COOKIE = "strop_ui_token"
 MAX_BODY = 4096        # cancel and resume take no arguments

@@ -125,13 +125,20 @@ function runPage(main, runId, params) {
   const head = el("div"), charts = el("div", {class: "charts", id: "charts"});
   const checkpoints = el("tbody"), log = el("pre", {id: "log"}), descriptor = el("pre", {id: "descriptor"});
   const message = el("p", {class: "error", id: "action-error"});
-  const control = (what) => async () => {
+  const control = (what) => async (ev) => {
+    // a second click within a few seconds, so a stray click does not stop a run
+    const button = ev.target;
+    if (!button.dataset.armed) {
+      button.dataset.armed = "1"; button.textContent = `click again to ${what}`;
+      setTimeout(() => { delete button.dataset.armed; button.textContent = what; }, 4000);
+      return;
+    }
     try { await api(`runs/${runId}/${what}`, {method: "POST", headers: {"Content-Type": "application/json"}, body: "{}"}); message.textContent = ""; }
     catch (e) { message.textContent = e.message; }
   };
   main.append(el("p", {}, el("a", {href: "#/"}, "← runs"), " · ", el("a", {href: `#/run/${runId}/rollouts`}, "rollouts")),
-    head, el("div", {class: "filters"}, el("button", {class: "danger", onclick: control("cancel")}, "cancel"),
-      el("button", {onclick: control("resume")}, "resume"), message),
+    head, el("div", {class: "filters"}, el("button", {class: "danger", id: "cancel", onclick: control("cancel")}, "cancel"),
+      el("button", {id: "resume", onclick: control("resume")}, "resume"), message),
     el("h2", {}, others.length ? `Curves (dashed: ${others.join(", ")})` : "Curves"), charts,
     el("h2", {}, "Checkpoints"), el("table", {}, el("thead", {}, el("tr", {}, ["step", "path", "manifest sha256", "saved"]
       .map(h => el("th", {}, h)))), checkpoints),
@@ -166,6 +173,10 @@ async function modelsPage(main) {
   if (!models.length) body.appendChild(el("tr", {}, el("td", {colspan: 6, class: "muted"}, "no tuned models yet")));
 }
 
+function shown(promise, main) {
+  promise.catch(e => main.appendChild(el("p", {class: "error"}, e.message)));
+}
+
 // --- routing ----------------------------------------------------------------------------------------------
 function route() {
   stopTimers();
@@ -176,7 +187,10 @@ function route() {
   const parts = path.split("/").filter(Boolean);
   if (parts[0] === "run" && parts[2] === "rollouts") stropRollouts.page(main, parts[1], params);
   else if (parts[0] === "run" && parts[1]) runPage(main, parts[1], params);
-  else if (parts[0] === "models") modelsPage(main).catch(e => main.appendChild(el("p", {class: "error"}, e.message)));
+  else if (parts[0] === "models") shown(modelsPage(main), main);
+  else if (parts[0] === "evaluations") shown(stropEvals.listPage(main), main);
+  else if (parts[0] === "evaluation" && parts[1]) shown(stropEvals.onePage(main, parts[1]), main);
+  else if (parts[0] === "compare" && parts[2]) shown(stropEvals.comparePage(main, parts[1], parts[2]), main);
   else runsPage(main, params);
 }
 
