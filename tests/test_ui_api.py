@@ -104,9 +104,14 @@ def test_a_huge_line_is_a_note_not_a_parse(tmp_path, monkeypatch):
     import strop.ui.rollouts as rollouts
     monkeypatch.setattr(rollouts, "MAX_LINE", 1000)
     path = tmp_path / "rollouts.jsonl"
-    path.write_text(json.dumps({"step": 0, "group": 0, "reward": 1.0, "completion": "y" * 5000}) + "\n")
-    row = RolloutIndex(path).page(RolloutQuery())["rows"][0]
-    assert "over the 1,000 shown" in row["tooLarge"] and len(row["head"]) <= 4096
+    huge = json.dumps({"step": 0, "group": 0, "reward": 1.0, "completion": "y" * 3_000_000}) + "\n"
+    path.write_text(huge + json.dumps({"step": 1, "group": 0, "reward": 0.0}) + "\n" + "z" * 2_500_000)
+    index = RolloutIndex(path)
+    rows = index.page(RolloutQuery())["rows"]
+    assert "over the 1,000 shown" in rows[0]["tooLarge"] and len(rows[0]["head"]) <= 4096
+    assert rows[0]["tooLarge"].startswith(f"this rollout's line is {len(huge):,} bytes")
+    assert rows[1]["step"] == 1 and len(rows) == 2      # the unfinished huge line at the end waits for its end
+    assert index.indexed_to == len(huge) + len(json.dumps({"step": 1, "group": 0, "reward": 0.0})) + 1
 
 
 def test_host_header_of_another_name_is_refused_on_loopback(server):

@@ -74,18 +74,32 @@ class RolloutIndex:
                 self._index_from(f)
 
     def _index_from(self, f) -> None:
-        at = self.indexed_to
-        for line in f:
-            if not line.endswith(b"\n"):        # being written: left for the next look
-                break
-            step, group, reward = _head(line)
+        at, limit, head_match = self.indexed_to, MAX_LINE + 1, _HEAD.match
+        # bound once: this loop runs once a rollout, 100,000 times for a large run
+        offsets, lengths, steps, groups, rewards = (self.offsets.append, self.lengths.append, self.steps.append,
+                                                    self.groups.append, self.rewards.append)
+        while True:
+            line = f.readline(limit)     # never more than that in memory, however long the line
+            length = len(line)
+            if not line.endswith(b"\n"):
+                if length <= MAX_LINE:    # the end of the file, or a line being written: the next look
+                    break
+                length = _skip_rest(f, length)
+                if length is None:
+                    break
+            match = head_match(line, 0, _HEAD_BYTES)
+            raw = match.groups() if match else None
+            if raw and raw[2] not in (b"NaN", b"null"):
+                step, group, reward = int(raw[0]), int(raw[1]), float(raw[2])
+            else:
+                step, group, reward = _head(line[:_HEAD_BYTES] if length > MAX_LINE else line, length)
             if step is not None:
-                self.offsets.append(at)
-                self.lengths.append(len(line))
-                self.steps.append(step)
-                self.groups.append(group)
-                self.rewards.append(reward)
-            at += len(line)
+                offsets(at)
+                lengths(length)
+                steps(step)
+                groups(group)
+                rewards(reward)
+            at += length
         self.indexed_to = at
 
     def steps_summary(self) -> list[dict]:
@@ -153,12 +167,23 @@ class RolloutIndex:
         return row
 
 
-def _head(line: bytes) -> tuple[int | None, int, float]:
+def _skip_rest(f, length: int) -> int | None:
+    """Read past the rest of an over-long line in 1 MB pieces; its whole length, or None when it has no end yet."""
+    while True:
+        piece = f.readline(1 << 20)
+        if not piece:
+            return None
+        length += len(piece)
+        if piece.endswith(b"\n"):
+            return length
+
+
+def _head(line: bytes, length: int) -> tuple[int | None, int, float]:
     match = _HEAD.match(line, 0, min(len(line), _HEAD_BYTES))
     if match:
         raw = match.group(3)
         return int(match.group(1)), int(match.group(2)), float("nan") if raw in (b"NaN", b"null") else float(raw)
-    if len(line) > MAX_LINE:
+    if length > MAX_LINE:
         return None, 0, 0.0
     try:
         row = json.loads(line)
