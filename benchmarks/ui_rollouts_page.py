@@ -1,10 +1,12 @@
 """How long `strop ui` takes to open a page of a large run's rollouts: a generated rollouts.jsonl of STEPS x
 PER_STEP rows (text of a realistic size), a store run that owns it, and the real HTTP server on loopback.
 
-    PYTHONPATH=src python benchmarks/ui_rollouts_page.py --steps 1000 --per-step 100
+    PYTHONPATH=src python benchmarks/ui_rollouts_page.py --steps 1000 --per-step 100 [--browser]
 
-Prints the file's size, the first page (which builds the byte-offset index), later pages of other steps, the
-next page after a step's first, a text search over one step, and the steps list, each in milliseconds.
+Prints the file's size, the first page (which builds the byte-offset index and keeps it on disk), later pages of other steps, the
+next page after a step's first, a text search over one step, and the steps list, each in milliseconds. With
+--browser, also how long headless Chromium takes from opening the rollout browser of a fresh server to showing
+its first page of samples: with nothing cached, and with the index an earlier server kept on disk.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -46,6 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--per-step", type=int, default=100)
+    parser.add_argument("--browser", action="store_true", help="also time the page in headless Chromium")
     args = parser.parse_args()
     os.environ["STROP_HOME"] = tempfile.mkdtemp(prefix="strop-ui-bench-")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -68,6 +72,31 @@ def main() -> None:
         print(f"text search in one step: {ms:.0f} ms, {len(body['rows'])} found")
         ms, body = timed_get(f"{base}/steps")
         print(f"steps list: {ms:.0f} ms, {len(body['steps'])} steps")
+    if args.browser:
+        from strop.paths import strop_home
+        import strop.ui.rollouts as rollouts
+        for cold in (True, False):
+            rollouts._INDEXES.clear()             # a fresh server process: nothing in memory
+            if cold:
+                shutil.rmtree(strop_home() / "ui-cache", ignore_errors=True)
+            browser_open(run_id, "nothing cached" if cold else "index cached on disk by an earlier server")
+
+
+def browser_open(run_id: str, label: str) -> None:
+    from chromium_cdp import Chromium                    # the tests' DevTools driver
+    from ui_runs import ui_server
+    with ui_server() as server, Chromium() as browser:
+        page = browser.page(f"http://127.0.0.1:{server.server_port}/")     # the app loaded, no rollouts asked yet
+        t0 = time.perf_counter()
+        page.evaluate(f"location.hash = '#/run/{run_id}/rollouts'")
+        page.wait_for("document.querySelectorAll('.sample').length >= 40", timeout_s=60)
+        print(f"Chromium, fresh server ({label}): rollout browser to its first 40 samples shown: "
+              f"{(time.perf_counter() - t0) * 1000:.0f} ms")
+        t0 = time.perf_counter()
+        page.evaluate("document.getElementById('step').value = '999'; document.getElementById('step').onchange()")
+        page.wait_for("document.querySelector('.sample') && document.querySelector('.group').dataset.group"
+                      ".startsWith('999/')", timeout_s=60)
+        print(f"Chromium: another step's page shown: {(time.perf_counter() - t0) * 1000:.0f} ms")
 
 
 if __name__ == "__main__":

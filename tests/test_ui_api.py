@@ -100,6 +100,25 @@ def test_index_grows_with_the_file_and_starts_over_when_it_is_cut_back(tmp_path)
     assert [r["reward"] for r in index.page(RolloutQuery())["rows"]] == [0.25]
 
 
+def test_a_large_index_is_kept_on_disk_and_read_back_by_the_next_server(tmp_path, monkeypatch):
+    import strop.ui.rollouts as rollouts
+    monkeypatch.setattr(rollouts, "SAVE_AFTER", 3)
+    path, cache = tmp_path / "rollouts.jsonl", tmp_path / "cache" / "run.rollouts-index"
+    line = lambda step, reward: json.dumps({"step": step, "group": 0, "reward": reward}) + "\n"
+    path.write_text("".join(line(s, s / 10) for s in range(4)))
+    RolloutIndex(path, cache).refresh()
+    again = RolloutIndex(path, cache)             # a restarted server: read back, nothing parsed yet
+    assert (again.indexed_to, list(again.steps), list(again.rewards)) == (path.stat().st_size, [0, 1, 2, 3],
+                                                                          [0.0, 0.1, 0.2, 0.3])
+    with open(path, "a") as f:
+        f.write(line(4, 0.4))
+    assert again.page(RolloutQuery(step=4))["rows"][0]["reward"] == 0.4   # only the new line indexed
+    path.write_text(line(7, 1.0))                                         # cut back: the cache does not fit
+    assert list(RolloutIndex(path, cache).steps) == [] and RolloutIndex(path, cache).page(RolloutQuery())["matched"] == 1
+    cache.write_bytes(b"garbage")
+    assert RolloutIndex(path, cache).page(RolloutQuery())["matched"] == 1
+
+
 def test_a_huge_line_is_a_note_not_a_parse(tmp_path, monkeypatch):
     import strop.ui.rollouts as rollouts
     monkeypatch.setattr(rollouts, "MAX_LINE", 1000)

@@ -23,6 +23,7 @@ import re
 from strop.control import evaluations, models, projects, run_view, runs
 from strop.control.run_view import tail
 from strop.errors import StropError
+from strop.paths import strop_home
 from strop.ui.rollouts import MAX_PAGE, RolloutQuery, index_for
 
 RUN_ID = re.compile(r"run-[0-9a-f]{8}")
@@ -72,15 +73,21 @@ def _run(method: str, run_id: str, rest: list[str], query: dict[str, str]) -> tu
     if what == "log":
         return 200, {"text": tail(run_view.folder(run_id) / "worker.log")}
     if what == "steps":
-        index = index_for(run_view.folder(run_id) / "rollouts.jsonl")
+        index = _index(run_id)
         index.refresh()
         return 200, {"steps": index.steps_summary(), "rollouts": len(index.offsets)}
     if what == "rollouts":
-        index = index_for(run_view.folder(run_id) / "rollouts.jsonl")
+        index = _index(run_id)
         page = index.page(rollout_query(query), offset=_int(query, "offset", 0, 0),
                           limit=_int(query, "limit", 40, 1, MAX_PAGE))
         return 200, page
     return 404, {"error": f"no endpoint GET /api/runs/{run_id}/{what[:60]}"}
+
+
+def _index(run_id: str):
+    # kept under $STROP_HOME, not in the run's folder: that folder is the worker's to write
+    cache = strop_home() / "ui-cache" / f"{run_id}.rollouts-index"
+    return index_for(run_view.folder(run_id) / "rollouts.jsonl", cache)
 
 
 def _eval_id(value: str) -> str:

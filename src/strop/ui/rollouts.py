@@ -3,7 +3,8 @@
 The index keeps, per line, its offset and length and the three fields the browser pages by (step, group,
 reward), in flat arrays: about 30 bytes a rollout, so 100,000 rollouts cost 3 MB however long their text. The
 loop appends to the file as it trains, so a later look only indexes the new bytes; a resumed run cuts the file
-back (it shrinks, or its first bytes change) and the index is built again.
+back (it shrinks, or its first bytes change) and the index is built again. A large index is kept on disk
+(`cache`), so it is built once, not once per server.
 
     index = RolloutIndex(run_folder / "rollouts.jsonl")
     page = index.page(RolloutQuery(step=12), offset=0, limit=40)   # {'rows': [...], 'matched': 64, ...}
@@ -15,6 +16,7 @@ and says where it stopped (`scannedTo`), so a hostile or huge file costs bounded
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from array import array
@@ -26,6 +28,8 @@ _HEAD = re.compile(rb'\{"step": (-?\d+), "group": (-?\d+), "reward": (-?[0-9.eE+
 MAX_LINE = 4 << 20          # a line longer than this is shown as a note, not parsed
 SCAN_LIMIT = 20_000         # lines a content filter reads per request
 MAX_PAGE = 200
+SAVE_AFTER = 5_000          # rows indexed in one look that are worth keeping on disk
+CACHE_VERSION = 1
 _HEAD_BYTES = 4096
 
 
@@ -47,10 +51,12 @@ class RolloutQuery:
 
 
 class RolloutIndex:
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path, cache: Path | None = None):
+        self.path, self.cache = Path(path), cache
         self._lock = threading.Lock()
         self._reset()
+        if cache is not None:
+            self._load_cache()
 
     def _reset(self) -> None:
         self.offsets, self.lengths = array("q"), array("l")
@@ -71,7 +77,46 @@ class RolloutIndex:
                     self._reset()
                 self.first_bytes = self.first_bytes or head
                 f.seek(self.indexed_to)
+                before = len(self.offsets)
                 self._index_from(f)
+            if self.cache is not None and len(self.offsets) - before >= SAVE_AFTER:
+                self._save_cache()
+
+    # The cache: a JSON header line, then the five arrays' bytes. A later server (or a restart) reads it in
+    # milliseconds and indexes only what was appended since; one that does not fit the file is ignored.
+    def _save_cache(self) -> None:
+        arrays = (self.offsets, self.lengths, self.steps, self.groups, self.rewards)
+        header = {"version": CACHE_VERSION, "indexedTo": self.indexed_to, "firstBytes": self.first_bytes.hex(),
+                  "count": len(self.offsets), "itemsizes": [a.itemsize for a in arrays]}
+        try:
+            self.cache.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.cache.with_name(self.cache.name + ".partial")
+            with open(partial, "wb") as f:
+                f.write(json.dumps(header).encode() + b"\n")
+                for a in arrays:
+                    a.tofile(f)
+            os.replace(partial, self.cache)
+        except OSError:
+            pass            # no cache is only slower: the next server builds the index again
+
+    def _load_cache(self) -> None:
+        try:
+            with open(self.cache, "rb") as f:
+                header = json.loads(f.readline(4096))
+                arrays = (array("q"), array("l"), array("l"), array("l"), array("d"))
+                if header.get("version") != CACHE_VERSION or header["itemsizes"] != [a.itemsize for a in arrays]:
+                    return
+                for a in arrays:
+                    a.fromfile(f, header["count"])
+            with open(self.path, "rb") as f:
+                head = f.read(64)
+            first = bytes.fromhex(header["firstBytes"])
+            if self.path.stat().st_size < header["indexedTo"] or head[:len(first)] != first:
+                return      # cut back or replaced since: built again
+        except (OSError, ValueError, KeyError, TypeError, EOFError):
+            return
+        self.offsets, self.lengths, self.steps, self.groups, self.rewards = arrays
+        self.indexed_to, self.first_bytes = header["indexedTo"], first
 
     def _index_from(self, f) -> None:
         at, limit, head_match = self.indexed_to, MAX_LINE + 1, _HEAD.match
@@ -215,9 +260,9 @@ _INDEXES: dict[Path, RolloutIndex] = {}
 _INDEXES_LOCK = threading.Lock()
 
 
-def index_for(path: Path) -> RolloutIndex:
-    """The one index of `path` in this process (built on first use, extended after)."""
+def index_for(path: Path, cache: Path | None = None) -> RolloutIndex:
+    """The one index of `path` in this process (read from `cache` or built on first use, extended after)."""
     with _INDEXES_LOCK:
         if path not in _INDEXES:
-            _INDEXES[path] = RolloutIndex(path)
+            _INDEXES[path] = RolloutIndex(path, cache)
         return _INDEXES[path]
