@@ -48,7 +48,7 @@ def test_runs_table_takes_the_latest_step_from_the_folder_and_filters(server):
     ids = [r["runId"] for r in _get(server, "/api/runs?status=succeeded")[1]["runs"]]
     assert done in ids and live not in ids
     status, body, _ = _get(server, "/api/runs?status=exploded")
-    assert status == 400 and "status must be one of pending, running" in body["error"]
+    assert status == 400 and "status must be one of cancelled, failed, pending, running, stopped" in body["error"]
 
 
 def test_run_detail_metrics_log_and_unknown_runs(server):
@@ -209,3 +209,31 @@ def test_evaluations_list_one_with_its_items_and_two_compared(server):
     assert status == 400 and "is not an evaluation id" in body["error"]
     status, body, _ = _get(server, "/api/evaluations/eval-00000000")
     assert status == 404 and "no evaluation" in body["error"]
+
+
+def test_strop_train_folders_are_runs_too(server):
+    from strop.paths import runs_dir
+    folder = runs_dir() / "20261203-120000-strop--tiny-random"
+    (folder / "checkpoints" / "step-000002").mkdir(parents=True)
+    (folder / "checkpoints" / "step-000002" / "manifest.json").write_text('{"step": 2}')
+    (folder / "config.json").write_text(json.dumps({"base_model": "strop/tiny-random", "max_steps": 6,
+                                                     "reward_terms": [{"grader": "builtin:gsm8k", "weight": 1.0}]}))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": s / 4}) + "\n" for s in range(3)))
+    (folder / "rollouts.jsonl").write_text(json.dumps({"step": 0, "group": 0, "reward": 1.0, "completion": "4"}) + "\n")
+    name = folder.name
+    rows = _get(server, "/api/runs?project=(strop%20train)")[1]["runs"]
+    assert [(r["runId"], r["status"], r["step"], r["maxSteps"], r["reward"], r["method"]) for r in rows] == [
+        (name, "running", 3, 6, 0.5, "grpo")]                       # metrics written just now
+    assert name in [r["runId"] for r in _get(server, "/api/runs")[1]["runs"]]
+    assert _get(server, "/api/runs?status=stopped")[1]["runs"] == []
+    info = _get(server, f"/api/runs/{name}")[1]
+    assert info["descriptor"]["max_steps"] == 6 and [c["step"] for c in info["checkpoints"]] == [2]
+    assert [r["step"] for r in _get(server, f"/api/runs/{name}/metrics")[1]["rows"]] == [0, 1, 2]
+    assert _get(server, f"/api/runs/{name}/rollouts")[1]["rows"][0]["completion"] == "4"
+    status, body, _ = _get(server, f"/api/runs/{name}/cancel", headers={"Content-Type": "application/json"},
+                           method="POST", body=b"{}")
+    assert status == 409 and "Ctrl-C" in body["error"]
+    (folder / "final").mkdir()
+    assert _get(server, f"/api/runs/{name}")[1]["status"] == "succeeded"
+    status, body, _ = _get(server, "/api/runs/not-a-folder")
+    assert status == 404 and "neither in the store" in body["error"]

@@ -99,13 +99,18 @@ def detail(run_id: str) -> dict:
 
 def metrics(run_id: str) -> list[dict]:
     """Every metrics row of a run: from its folder's file (live), or the store's copy when the file is gone."""
-    path = runs.run_dir(run_id) / "metrics.jsonl"
+    rows = metrics_file(runs.run_dir(run_id) / "metrics.jsonl")
+    return runs.metrics(run_id) if rows is None else rows
+
+
+def metrics_file(path: Path) -> list[dict] | None:
+    """The rows of a metrics.jsonl, or None when there is none or it is past MAX_METRICS_BYTES."""
     try:
         size = path.stat().st_size
     except OSError:
-        size = None
-    if size is None or size > MAX_METRICS_BYTES:
-        return runs.metrics(run_id)
+        return None
+    if size > MAX_METRICS_BYTES:
+        return None
     rows = []
     with open(path, "rb") as f:
         for line in f:

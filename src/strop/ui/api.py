@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 
-from strop.control import evaluations, models, projects, run_view, runs
+from strop.control import evaluations, folder_runs, models, projects, run_view, runs
 from strop.control.run_view import tail
 from strop.errors import StropError
 from strop.paths import strop_home
@@ -29,6 +29,7 @@ from strop.ui.rollouts import MAX_PAGE, RolloutQuery, index_for
 RUN_ID = re.compile(r"run-[0-9a-f]{8}")
 EVAL_ID = re.compile(r"eval-[0-9a-f]{8}")
 MAX_ITEMS = 5000
+FOLDER_PROJECT = folder_runs.PROJECT
 
 
 class BadRequest(StropError):
@@ -37,14 +38,11 @@ class BadRequest(StropError):
 
 def handle(method: str, parts: list[str], query: dict[str, str]) -> tuple[int, object]:
     if parts == ["runs"] and method == "GET":
-        status = query.get("status") or None
-        if status and status not in run_view.STATUSES:
-            raise BadRequest(f"status must be one of {', '.join(run_view.STATUSES)} (got {status[:40]!r})")
-        return 200, {"runs": run_view.table(query.get("project") or None, status)}
+        return 200, {"runs": _runs(query.get("project") or None, query.get("status") or None)}
     if parts == ["models"] and method == "GET":
         return 200, {"models": _models()}
     if parts == ["projects"] and method == "GET":
-        return 200, {"projects": [p["name"] for p in projects.list_all()]}
+        return 200, {"projects": [p["name"] for p in projects.list_all()] + [FOLDER_PROJECT]}
     if parts == ["evaluations"] and method == "GET":
         return 200, {"evaluations": run_view.evaluations()}
     if len(parts) == 2 and parts[0] == "evaluations" and method == "GET":
@@ -58,9 +56,22 @@ def handle(method: str, parts: list[str], query: dict[str, str]) -> tuple[int, o
     return 404, {"error": f"no endpoint {method} /api/{'/'.join(parts)[:100]}"}
 
 
+def _runs(project: str | None, status: str | None) -> list[dict]:
+    statuses = sorted(set(run_view.STATUSES) | set(folder_runs.STATUSES))
+    if status and status not in statuses:
+        raise BadRequest(f"status must be one of {', '.join(statuses)} (got {status[:40]!r})")
+    found = [] if project == FOLDER_PROJECT or status == "stopped" else run_view.table(project, status)
+    if project in (None, FOLDER_PROJECT):
+        found += folder_runs.table(status)
+    return found
+
+
 def _run(method: str, run_id: str, rest: list[str], query: dict[str, str]) -> tuple[int, object]:
     if not RUN_ID.fullmatch(run_id):
-        raise BadRequest(f"{run_id[:60]!r} is not a run id (run- and 8 hex digits, as `strop runs list` shows)")
+        if folder_runs.NAME.fullmatch(run_id):
+            return _folder_run(method, run_id, rest, query)
+        raise BadRequest(f"{run_id[:60]!r} is not a run id (run- and 8 hex digits, as `strop runs list` shows, "
+                         "or the name of a `strop train` folder)")
     what = rest[0] if rest else ""
     if method == "POST" and what in ("cancel", "resume") and len(rest) == 1:
         return 200, (runs.cancel if what == "cancel" else runs.resume)(run_id)
@@ -73,15 +84,37 @@ def _run(method: str, run_id: str, rest: list[str], query: dict[str, str]) -> tu
     if what == "log":
         return 200, {"text": tail(run_view.folder(run_id) / "worker.log")}
     if what == "steps":
-        index = _index(run_id)
-        index.refresh()
-        return 200, {"steps": index.steps_summary(), "rollouts": len(index.offsets)}
+        return 200, _steps(_index(run_id))
     if what == "rollouts":
         index = _index(run_id)
         page = index.page(rollout_query(query), offset=_int(query, "offset", 0, 0),
                           limit=_int(query, "limit", 40, 1, MAX_PAGE))
         return 200, page
     return 404, {"error": f"no endpoint GET /api/runs/{run_id}/{what[:60]}"}
+
+
+def _folder_run(method: str, name: str, rest: list[str], query: dict[str, str]) -> tuple[int, object]:
+    """A `strop train` folder run: the same endpoints, read from its folder; no cancel or resume from here."""
+    path, what = folder_runs.folder(name), (rest[0] if rest else "")
+    if method == "POST" and what in ("cancel", "resume"):
+        raise StropError(f"{name} is a `strop train` run, not a background one: stop it with Ctrl-C where it runs; "
+                         f"resume it with `strop train ... --run-dir {path}`")
+    if method != "GET" or len(rest) > 1:
+        return 404, {"error": f"no endpoint {method} /api/runs/{name}/{'/'.join(rest)[:60]}"}
+    index = index_for(path / "rollouts.jsonl", strop_home() / "ui-cache" / f"folder-{name}.rollouts-index")
+    answers = {"": lambda: folder_runs.detail(name), "metrics": lambda: {"rows": folder_runs.metrics(name)},
+               "log": lambda: {"text": tail(path / "worker.log")},
+               "steps": lambda: _steps(index),
+               "rollouts": lambda: index.page(rollout_query(query), offset=_int(query, "offset", 0, 0),
+                                              limit=_int(query, "limit", 40, 1, MAX_PAGE))}
+    if what not in answers:
+        return 404, {"error": f"no endpoint GET /api/runs/{name}/{what[:60]}"}
+    return 200, answers[what]()
+
+
+def _steps(index) -> dict:
+    index.refresh()
+    return {"steps": index.steps_summary(), "rollouts": len(index.offsets)}
 
 
 def _index(run_id: str):

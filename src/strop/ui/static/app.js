@@ -57,7 +57,7 @@ function badge(status) { return el("span", {class: "badge " + status}, status); 
 // --- runs -------------------------------------------------------------------------------------------------
 function runsPage(main, params) {
   const project = el("select", {id: "f-project"}, el("option", {value: ""}, "all projects"));
-  const status = el("select", {id: "f-status"}, ["", "pending", "running", "succeeded", "failed", "cancelled"]
+  const status = el("select", {id: "f-status"}, ["", "pending", "running", "succeeded", "failed", "cancelled", "stopped"]
     .map(s => el("option", {value: s}, s || "any status")));
   const compare = el("button", {id: "compare", onclick: () => {
     const ids = [...document.querySelectorAll("input.pick:checked")].map(c => c.value);
@@ -121,7 +121,7 @@ function drawCharts(box, runsRows) {
 }
 
 function runPage(main, runId, params) {
-  const others = (params.get("with") || "").split(",").filter(x => /^run-[0-9a-f]{8}$/.test(x));
+  const others = (params.get("with") || "").split(",").filter(x => /^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$/.test(x));
   const head = el("div"), charts = el("div", {class: "charts", id: "charts"});
   const checkpoints = el("tbody"), log = el("pre", {id: "log"}), descriptor = el("pre", {id: "descriptor"});
   const message = el("p", {class: "error", id: "action-error"});
