@@ -237,3 +237,11 @@ def test_strop_train_folders_are_runs_too(server):
     assert _get(server, f"/api/runs/{name}")[1]["status"] == "succeeded"
     status, body, _ = _get(server, "/api/runs/not-a-folder")
     assert status == 404 and "neither in the store" in body["error"]
+
+
+def test_a_fault_is_a_500_that_says_so_and_the_server_keeps_answering(server):
+    run_id = make_run("fault", steps=0)
+    (run_dir(run_id) / "metrics.jsonl").mkdir()          # not a file: reading it fails
+    status, body, _ = _get(server, f"/api/runs/{run_id}/metrics")
+    assert status == 500 and "IsADirectoryError" in body["error"] and "stderr" in body["error"]
+    assert _get(server, "/api/projects")[0] == 200

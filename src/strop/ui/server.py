@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import json
 import socket
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from urllib.parse import parse_qsl, quote, urlsplit
@@ -141,6 +142,10 @@ class Handler(BaseHTTPRequestHandler):
             status, payload = 400, {"error": str(exc)}
         except StropError as exc:
             status, payload = (404 if str(exc).startswith("no ") else 409), {"error": str(exc)}
+        except Exception as exc:     # a fault of ours: the page says so and keeps polling; the trace goes to stderr
+            traceback.print_exc()
+            status, payload = 500, {"error": f"strop ui failed on this request ({type(exc).__name__}: {exc}); "
+                                             "the server's stderr has the details"}
         self._json(status, payload)
 
     def _json(self, status: int, payload) -> None:
