@@ -245,3 +245,24 @@ def test_a_fault_is_a_500_that_says_so_and_the_server_keeps_answering(server):
     status, body, _ = _get(server, f"/api/runs/{run_id}/metrics")
     assert status == 500 and "IsADirectoryError" in body["error"] and "stderr" in body["error"]
     assert _get(server, "/api/projects")[0] == 200
+
+
+def test_the_sample_box_answers_from_a_selected_base_model(server, tiny_model_dir):
+    from strop.store import open_store, session_scope
+    from strop.store.schema import SelectedBaseModel
+    with session_scope(open_store()) as s:
+        if s.get(SelectedBaseModel, "strop/tiny-random") is None:
+            s.add(SelectedBaseModel(id="strop/tiny-random", path=str(tiny_model_dir)))
+    post = lambda body: _get(server, "/api/sample", headers={"Content-Type": "application/json"}, method="POST",
+                             body=json.dumps(body).encode())
+    status, body, _ = post({"model": "strop/tiny-random", "prompt": "What is 2 + 2?", "maxTokens": 5})
+    assert status == 200 and 1 <= body["tokens"] <= 5 and isinstance(body["text"], str), body
+    status, again, _ = post({"model": "strop/tiny-random", "prompt": "What is 2 + 2?", "maxTokens": 5})
+    assert again["text"] == body["text"]                       # greedy: the same reply
+    status, body, _ = post({"model": "strop/tiny-random", "prompt": "x", "maxTokens": 100000})
+    assert status == 409 and "maxTokens must be a whole number from 1 to 512" in body["error"]
+    status, body, _ = post({"model": "nobody/none", "prompt": "x"})
+    assert status == 409 and "strop base-models select" in body["error"]
+    status, body, _ = _get(server, "/api/sample", headers={"Content-Type": "application/json"}, method="POST",
+                           body=b"x" * (65 << 10))
+    assert status == 413

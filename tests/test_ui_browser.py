@@ -130,3 +130,22 @@ def test_two_evaluations_side_by_side(browser, base_url, tmp_path):
     assert page.evaluate("document.querySelectorAll('#main img, #main script').length") == 0
     _shot(page, "compare", tmp_path)
     assert page.problems() == []
+
+
+def test_models_page_samples_a_model_by_hand(browser, base_url, tmp_path, tiny_model_dir):
+    from strop.store import open_store, session_scope
+    from strop.store.schema import SelectedBaseModel
+    with session_scope(open_store()) as s:
+        if s.get(SelectedBaseModel, "strop/tiny-random") is None:
+            s.add(SelectedBaseModel(id="strop/tiny-random", path=str(tiny_model_dir)))
+    page = browser.page(f"{base_url}/#/models")
+    page.wait_for("document.getElementById('sample-go') !== null")
+    page.evaluate("document.getElementById('sample-model').value = 'strop/tiny-random';"
+                  "document.getElementById('sample-prompt').value = 'What is 2 + 2?';"
+                  "document.getElementById('sample-tokens').value = '6';"
+                  "document.getElementById('sample-go').click()")
+    said = page.wait_for("document.querySelector('#main p.muted') && document.querySelector('#main p.muted').textContent",
+                         timeout_s=60)
+    assert "tokens, stopped by" in said
+    _shot(page, "models", tmp_path)
+    assert page.problems() == []

@@ -11,12 +11,14 @@
     GET  /api/evaluations                      the newest evaluations
     GET  /api/evaluations/EVAL                 one evaluation with its per-item rows (at most MAX_ITEMS)
     GET  /api/compare?a=EVAL&b=EVAL            two finished evaluations side by side, with the statistics
+    POST /api/sample {model, prompt, maxTokens, temperature}   one reply from a base or tuned model
 
 Each returns (HTTP status, JSON-able payload); a StropError becomes a 4xx with its message.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -36,7 +38,9 @@ class BadRequest(StropError):
     """A request the UI cannot answer as asked (400)."""
 
 
-def handle(method: str, parts: list[str], query: dict[str, str]) -> tuple[int, object]:
+def handle(method: str, parts: list[str], query: dict[str, str], body: bytes = b"") -> tuple[int, object]:
+    if parts == ["sample"] and method == "POST":
+        return 200, _sample(body)
     if parts == ["runs"] and method == "GET":
         return 200, {"runs": _runs(query.get("project") or None, query.get("status") or None)}
     if parts == ["models"] and method == "GET":
@@ -110,6 +114,19 @@ def _folder_run(method: str, name: str, rest: list[str], query: dict[str, str]) 
     if what not in answers:
         return 404, {"error": f"no endpoint GET /api/runs/{name}/{what[:60]}"}
     return 200, answers[what]()
+
+
+def _sample(body: bytes) -> dict:
+    try:
+        request = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise BadRequest(f"the body must be a JSON object {{model, prompt, maxTokens, temperature}}: {exc}") from None
+    if not isinstance(request, dict) or not isinstance(request.get("model"), str) or not request["model"]:
+        raise BadRequest("the body must be a JSON object with model (a modelId or a selected base model) and prompt")
+    # lazy: sampling loads torch and a model; the rest of the UI never needs them
+    from strop.ui.sample import sample
+    return sample(request["model"], request.get("prompt"), max_tokens=request.get("maxTokens", 128),
+                  temperature=request.get("temperature", 0.0))
 
 
 def _steps(index) -> dict:

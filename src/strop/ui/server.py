@@ -29,7 +29,7 @@ STATIC = {"app.js": "text/javascript", "charts.js": "text/javascript", "rollouts
           "evals.js": "text/javascript",
           "style.css": "text/css", "index.html": "text/html"}
 COOKIE = "strop_ui_token"
-MAX_BODY = 4096        # cancel and resume take no arguments
+MAX_BODY = 64 << 10    # the sample box's prompt is the largest body (cancel and resume send none)
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 
@@ -88,10 +88,14 @@ class Handler(BaseHTTPRequestHandler):
             problem = content_type_problem(self.headers.get("Content-Type"))
             if problem:
                 return self._json(415, {"error": problem})
-            self._drain()
+            body = self._body()
+            if body is None:
+                return self._json(413, {"error": f"a request body over {MAX_BODY} bytes is refused"})
+        else:
+            body = b""
         path = url.path
         if path.startswith("/api/"):
-            return self._api(method, [p for p in path[5:].split("/") if p], query)
+            return self._api(method, [p for p in path[5:].split("/") if p], query, body)
         if method == "GET" and "token" in query and self.server.token:
             return self._redirect_home()
         if method == "GET" and path == "/favicon.ico":    # browsers ask for one; a 404 would log a console error
@@ -125,19 +129,20 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def _drain(self) -> None:
+    def _body(self) -> bytes | None:
+        """The POST's body, or None (and the connection closed after the answer) when it is over MAX_BODY."""
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = 0
-        if 0 < length <= MAX_BODY:
-            self.rfile.read(length)
-        elif length > MAX_BODY:
+        if length > MAX_BODY or length < 0:
             self.close_connection = True
+            return None
+        return self.rfile.read(length) if length else b""
 
-    def _api(self, method: str, parts: list[str], query: dict) -> None:
+    def _api(self, method: str, parts: list[str], query: dict, body: bytes) -> None:
         try:
-            status, payload = handle(method, parts, query)
+            status, payload = handle(method, parts, query, body)
         except BadRequest as exc:
             status, payload = 400, {"error": str(exc)}
         except StropError as exc:

@@ -167,6 +167,24 @@ async function modelsPage(main) {
   main.append(el("h1", {}, "Models"), el("table", {}, el("thead", {}, el("tr", {}, ["model", "from run", "base model",
     "lineage", "adapter", "created"].map(h => el("th", {}, h)))), body));
   const {models} = await api("models");
+  const which = el("input", {id: "sample-model", list: "model-ids", size: 30, value: models.length ? models[0].modelId : "",
+    placeholder: "modelId or selected base model"});
+  const prompt = el("textarea", {id: "sample-prompt", rows: 3, cols: 80, placeholder: "a prompt to try"});
+  const tokens = el("input", {id: "sample-tokens", type: "number", min: 1, max: 512, value: 64, size: 4});
+  const reply = el("pre", {id: "sample-reply"}), why = el("p", {class: "error"});
+  const ask = el("button", {id: "sample-go", onclick: async () => {
+    reply.textContent = "sampling (the first request loads the model)…"; why.textContent = "";
+    try {
+      const r = await api("sample", {method: "POST", headers: {"Content-Type": "application/json"},
+        body: JSON.stringify({model: which.value.trim(), prompt: prompt.value, maxTokens: Number(tokens.value)})});
+      reply.textContent = r.text;
+      why.textContent = `${r.tokens} tokens, stopped by ${r.stopReason}, ${r.seconds} s`;
+      why.className = "muted";
+    } catch (e) { reply.textContent = ""; why.className = "error"; why.textContent = e.message; }
+  }}, "sample");
+  main.append(el("h2", {}, "Try a model"), el("datalist", {id: "model-ids"}, models.map(m => el("option", {value: m.modelId}))),
+    el("div", {class: "filters"}, el("label", {}, "model"), which, el("label", {}, "max tokens"), tokens, ask),
+    prompt, why, reply);
   body.replaceChildren(...models.map(m => el("tr", {}, el("td", {}, m.modelId),
     el("td", {}, el("a", {href: "#/run/" + m.runId}, m.runId)), el("td", {}, m.baseModel),
     el("td", {}, lineageText(m.lineage)), el("td", {}, m.adapterPath || ""), el("td", {}, m.createdAt))));
