@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from strop.cli.output import note
@@ -15,7 +16,9 @@ def register(nouns) -> None:
                          description="Serve a web app over the store and the run folders: every run with its "
                                      "status and latest reward (live), a run's curves, checkpoints, log, cancel and "
                                      "resume, and its rollouts page by page. Everything is served by strop itself.",
-                         epilog="example:\n  strop ui --port 8765      # then open http://127.0.0.1:8765/")
+                         epilog="example:\n  strop ui --port 8765      # then open http://127.0.0.1:8765/\n"
+                                "  STROP_UI_TOKEN=... strop ui --host 0.0.0.0   # others reach it with /?token=...",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only; "
                                                        "any other address needs a token)")
     p.add_argument("--port", type=int, default=8765, help="port (default: %(default)s; 0 picks a free one)")
