@@ -51,7 +51,15 @@ def main() -> None:
     parser.add_argument("--per-step", type=int, default=100)
     parser.add_argument("--browser", action="store_true", help="also time the page in headless Chromium")
     args = parser.parse_args()
-    os.environ["STROP_HOME"] = tempfile.mkdtemp(prefix="strop-ui-bench-")
+    home = tempfile.TemporaryDirectory(prefix="strop-ui-bench-")     # the generated run is 100+ MB: removed after
+    os.environ["STROP_HOME"] = home.name
+    try:
+        measure(args)
+    finally:
+        home.cleanup()
+
+
+def measure(args) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from ui_runs import make_run, ui_server              # the tests' run records: a real store row and folder
     from strop.control.runs import run_dir
