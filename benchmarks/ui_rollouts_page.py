@@ -87,10 +87,11 @@ def measure(args) -> None:
             rollouts._INDEXES.clear()             # a fresh server process: nothing in memory
             if cold:
                 shutil.rmtree(strop_home() / "ui-cache", ignore_errors=True)
-            browser_open(run_id, "nothing cached" if cold else "index cached on disk by an earlier server")
+            browser_open(run_id, "nothing cached" if cold else "index cached on disk by an earlier server",
+                         args.steps - 1)
 
 
-def browser_open(run_id: str, label: str) -> None:
+def browser_open(run_id: str, label: str, last_step: int) -> None:
     from chromium_cdp import Chromium                    # the tests' DevTools driver
     from ui_runs import ui_server
     with ui_server() as server, Chromium() as browser:
@@ -101,9 +102,10 @@ def browser_open(run_id: str, label: str) -> None:
         print(f"Chromium, fresh server ({label}): rollout browser to its first 40 samples shown: "
               f"{(time.perf_counter() - t0) * 1000:.0f} ms")
         t0 = time.perf_counter()
-        page.evaluate("document.getElementById('step').value = '999'; document.getElementById('step').onchange()")
+        page.evaluate(f"document.getElementById('step').value = '{last_step}'; "
+                      "document.getElementById('step').onchange()")
         page.wait_for("document.querySelector('.sample') && document.querySelector('.group').dataset.group"
-                      ".startsWith('999/')", timeout_s=60)
+                      f".startsWith('{last_step}/')", timeout_s=60)
         print(f"Chromium: another step's page shown: {(time.perf_counter() - t0) * 1000:.0f} ms")
 
 
