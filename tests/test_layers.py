@@ -17,7 +17,7 @@ API_SURFACE = {"types", "client", "renderers", "model_info", "tokenizer_utils", 
 # (importing package, imported package) pairs that must not appear, with the rule each breaks
 FORBIDDEN = {
     **{(p, "store"): "the store is the control plane's" for p in
-       ("cli", "rl", "evals", "report", "serve", "client", "types", "renderers", "engine", "models", "scoring",
+       ("cli", "rl", "evals", "report", "serve", "ui", "client", "types", "renderers", "engine", "models", "scoring",
         "data", "envs", "sft", "tinker_wire")},
     **{("tinker_wire", p): "the tinker server is handed what it needs from the control plane" for p in
        ("control", "cli", "rl", "sft", "evals")},

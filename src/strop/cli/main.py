@@ -13,7 +13,7 @@ import os
 import sys
 
 from strop import __version__
-from strop.cli import base_models, compare, envs, evaluations, models, projects, quickstart, registry, runs, serve, serve_tinker, train
+from strop.cli import base_models, compare, envs, evaluations, models, projects, quickstart, registry, runs, serve, serve_tinker, train, ui
 from strop.errors import StropError
 from strop.scoring.confine import ALLOW_UNCONFINED_ENV
 
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.register(nouns)
     quickstart.register(nouns)
     envs.register(nouns)
+    ui.register(nouns)
     return parser
 
 
