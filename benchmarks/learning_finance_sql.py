@@ -1,14 +1,24 @@
-"""Does tool use learn? SmolLM2-135M-Instruct in finance-sql: the base model, a supervised warm start on scripted
-demonstrations (SFT), and GRPO continued from that warm start (SFT+GRPO), each evaluated greedily on companies
-no training saw: pass@1 on the single-table and multi-table evaluation splits, an exact McNemar test between
-each pair of models on the same episodes, the behaviour rubrics, and the wall time of every phase.
+"""Does tool use learn, and does RL add to a supervised warm start? SmolLM2-135M-Instruct in finance-sql: a
+supervised warm start on scripted demonstrations (SFT), then GRPO continued from it (SFT+GRPO, one run per
+--grpo-seeds seed), each evaluated greedily on companies no training saw:
 
-    python benchmarks/learning_finance_sql.py                     # the default sizes (see --help)
-    python benchmarks/learning_finance_sql.py --eval-n 20 --sft-steps 4 --grpo-steps 1   # a smoke run
+- first query: from each held-out eval-single task's discovery state (the tables listed and described by the
+  scripted agent), is the model's next turn a query whose first value is the answer? One turn a task: the
+  decision GRPO branches its groups at (branchAtTurn), measured without the noise of the turns around it;
+- eval-single: every single-table episode of the held-out companies (208 at 4 companies), full multi-turn pass@1;
+- eval-multi: multi-table episodes, the generalisation check (more tokens a turn: its queries are longer);
 
-Every figure comes from one run; the last line is a JSON summary (also written to OUT/summary.json). The
-evaluation splits, their size and the greedy decoding are fixed before any result is seen: they are not tuned
-to the outcome.
+with an exact McNemar test between each pair of models on the same tasks, pass@1 per kind of question, the
+behaviour rubrics, and the minutes of every phase.
+
+    python benchmarks/learning_finance_sql.py                        # the default sizes (see --help)
+    python benchmarks/learning_finance_sql.py --smoke --out /tmp/lfs  # every phase at toy sizes: the program runs
+
+Phases are kept in OUT/phases/NAME.json as they finish, and running again with the same --out and settings goes
+on from the first unfinished one (a killed SFT or GRPO phase resumes from its checkpoint); --stop-after M starts no
+phase past M minutes of this invocation, so a 2-core budget holds and the next invocation finishes the rest.
+The evaluation splits, their size and the greedy decoding are fixed before any result is seen: they are not
+tuned to the outcome. The last line is a JSON summary (also OUT/summary.json) of every phase finished so far.
 """
 
 from __future__ import annotations
@@ -22,182 +32,290 @@ import sys
 import time
 from pathlib import Path
 
+from strop import model_info
+from strop.client import ServiceClient
 from strop.engine.precision import kernels, resolve_dtype, sampler_dtype_for
-from strop.envs.finance_demos import demonstrations
-from strop.envs.finance_sql import FinanceSQLEnv
+from strop.envs.finance_demos import _copied, demonstrations
+from strop.envs.finance_sql import FinanceSQLEnv, is_correct, parse_answer
 from strop.evals.envs import evaluate_env
 from strop.evals.stats import mcnemar_exact
 from strop.models import DEFAULT_MODEL
+from strop.renderers import get_renderer
+from strop.renderers.tools import hermes_turn, parse_tool_calls
 from strop.rl import GRPOConfig, run_grpo
+from strop.rl.episodes import ToolEpisode
+from strop.rl.rollouts import play
 from strop.sft import SFTConfig, run_sft
+from strop.tokenizer_utils import get_tokenizer
 
-SPLITS = ("eval-single", "eval-multi")
 RUBRICS = ("validToolCalls", "tablesListedFirst", "hallucinatedTables", "hallucinatedColumns", "recoveries",
            "submitted", "turns")
+FIRST_QUERY_AT_ONCE = 64  # discovery states played at a time (each holds a SQLite database)
 
 
 def main() -> int:
-    cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli.add_argument("--model", default=DEFAULT_MODEL)
-    cli.add_argument("--demos", type=int, default=240, help="train-split demonstrations written (default: %(default)s)")
-    cli.add_argument("--mistakes", type=float, default=0.25, help="share of demonstrations that recover from a mistake")
-    cli.add_argument("--companies", type=int, default=4, help="companies per split (train demos and evaluation)")
-    cli.add_argument("--sft-steps", type=int, default=24)
-    cli.add_argument("--sft-batch", type=int, default=4)
-    cli.add_argument("--sft-lr", type=float, default=5e-4)
-    cli.add_argument("--grpo-steps", type=int, default=8, help="0: no GRPO phase (base vs SFT only)")
-    cli.add_argument("--grpo-batch", type=int, default=4, help="tasks per GRPO step")
-    cli.add_argument("--grpo-group", type=int, default=8, help="episodes per task")
-    cli.add_argument("--grpo-lr", type=float, default=1e-4)
-    cli.add_argument("--rank", type=int, default=32)
-    cli.add_argument("--max-tokens", type=int, default=160, help="most tokens per model turn")
-    cli.add_argument("--max-turns", type=int, default=6, help="most tool calls per episode")
-    cli.add_argument("--eval-n", type=int, default=100, help="episodes per evaluation split (default: %(default)s)")
-    cli.add_argument("--sft-run", type=Path,
-                     help="reuse this earlier SFT run folder of the same sizes (its final/ adapter and metrics) instead "
-                          "of training again; its time is read from its metrics")
-    cli.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                     help="what every phase computes in (default: %(default)s, bfloat16 where the CPU has bf16 units)")
-    cli.add_argument("--out", type=Path, default=Path("benchmarks/out/learning_finance_sql"))
-    args = cli.parse_args()
+    args = _cli().parse_args()
+    if args.smoke:
+        args.demos, args.sft_steps, args.grpo_steps, args.grpo_batch, args.grpo_group = 12, 2, 1, 2, 2
+        args.max_tasks, args.eval_limit, args.grpo_seeds = 4, 6, "0"
     if args.dtype != "auto":
         os.environ["STROP_DTYPE"] = args.dtype  # the evaluations' samplers too
-    args.computed = {"trainer": resolve_dtype(args.dtype), "sampler": sampler_dtype_for(args.dtype)}
-    print(f"{args.model}, trainer {args.computed['trainer']}, sampler {args.computed['sampler']}; CPU kernels "
+    seeds = [int(s) for s in args.grpo_seeds.split(",") if s.strip()]
+    print(f"{args.model}, trainer {resolve_dtype(args.dtype)}, sampler {sampler_dtype_for(args.dtype)}; CPU kernels "
           f"{kernels()}", flush=True)
-
-    if args.out.exists():
-        shutil.rmtree(args.out)  # a benchmark starts fresh: a resumed run would not measure its phases
-    args.out.mkdir(parents=True)
-    seconds: dict[str, float] = {}
-    started = time.perf_counter()
+    if args.fresh and args.out.exists():
+        shutil.rmtree(args.out)
+    (args.out / "phases").mkdir(parents=True, exist_ok=True)
+    bench = Bench(args, time.perf_counter())
     env_spec = {"companies": args.companies, "max_turns": args.max_turns}
 
-    t0 = time.perf_counter()
-    demos_file = args.out / "demos.jsonl"
-    env = FinanceSQLEnv(seed=0, **env_spec)
-    try:
-        with demos_file.open("w") as f:
-            made = 0
-            for demo in demonstrations(env, n=args.demos, mistakes=args.mistakes, seed=0):
-                f.write(json.dumps({"messages": demo["messages"], "tools": demo["tools"]}) + "\n")
-                made += 1
-    finally:
-        env.close()
-    seconds["demos"] = time.perf_counter() - t0
-    print(f"demos: {made} train-split transcripts ({seconds['demos']:.0f} s)", flush=True)
-
-    if args.sft_run is not None:
-        sft = _reused_sft(args, seconds)
-    else:
-        sft = _sft(args, demos_file, seconds)
-
-    models = {"base": None, "sft": str(sft.final_adapter)}
-    if args.grpo_steps > 0:  # 0: the warm start alone, base vs SFT
-        models["sft+grpo"] = str(_grpo(args, env_spec, sft, seconds).final_adapter)
-    evaluate(args, models, env_spec, seconds, started)
+    demos = bench.phase("demos", {"n": args.demos, "mistakes": args.mistakes, **env_spec},
+                        lambda: _demos(args, env_spec))
+    sft = bench.phase("sft", {"demos": demos, "steps": args.sft_steps, "batch": args.sft_batch, "lr": args.sft_lr,
+                              "rank": args.rank}, lambda: _sft(args, demos["file"]))
+    models = {"sft": sft and sft["adapter"]}
+    grpo_settings = {"sft": sft, "steps": args.grpo_steps, "batch": args.grpo_batch, "group": args.grpo_group,
+                     "lr": args.grpo_lr, "kl": args.kl, "temperature": args.temperature,
+                     "branchAtTurn": args.branch_at, "maxTasks": args.max_tasks, "maxTokens": args.max_tokens}
+    evals = {"first-query": lambda adapter: _first_query(args, env_spec, adapter),
+             "eval-single": lambda adapter: _episodes(args, env_spec, "eval-single", adapter, args.max_tokens),
+             "eval-multi": lambda adapter: _episodes(args, env_spec, "eval-multi", adapter, args.multi_max_tokens)}
+    order = [("first-query", "sft"), ("eval-single", "sft")]
+    for seed in seeds:
+        name = f"grpo-s{seed}"
+        if sft is not None:
+            models[name] = bench.phase(name, {**grpo_settings, "seed": seed},
+                                       lambda seed=seed: _grpo(args, env_spec, sft["adapter"], seed))
+            models[name] = models[name] and models[name]["adapter"]
+        order += [("first-query", name), ("eval-single", name)]
+    order += [("eval-multi", name) for name in models]
+    if args.base:
+        models["base"] = None
+        order += [(split, "base") for split in evals]
+    results: dict[str, dict] = {}
+    for split, name in order:
+        if name not in models or (name != "base" and models[name] is None):
+            continue  # its training phase did not run yet
+        settings = {"model": name, "adapter": models[name], "limit": args.eval_limit, "maxTurns": args.max_turns,
+                    "maxTokens": args.multi_max_tokens if split == "eval-multi" else args.max_tokens}
+        done = bench.phase(f"{split}-{name}", settings, lambda split=split, name=name: evals[split](models[name]))
+        if done is not None:
+            results.setdefault(split, {})[name] = done
+    summarize(args, bench, results)
     return 0
 
 
-def _reused_sft(args, seconds: dict):
-    from types import SimpleNamespace
-    metrics = [json.loads(line) for line in (args.sft_run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    seconds["sft (reused run)"] = sum(m.get("stepSeconds", 0.0) for m in metrics)
-    print(f"sft: reusing {args.sft_run} ({len([m for m in metrics if m['step'] >= 0])} steps, "
-          f"{seconds['sft (reused run)']:.0f} s of steps); held-out loss "
-          f"{[round(m['evalLoss'], 3) for m in metrics if m.get('evalLoss') is not None]}", flush=True)
-    return SimpleNamespace(final_adapter=args.sft_run / "final", metrics=metrics)
+def _cli() -> argparse.ArgumentParser:
+    cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = cli.add_argument
+    add("--model", default=DEFAULT_MODEL)
+    add("--demos", type=int, default=240, help="train-split demonstrations written (default: %(default)s)")
+    add("--mistakes", type=float, default=0.25, help="share of demonstrations that recover from a mistake (its "
+        "wrong query carries weight 0)")
+    add("--companies", type=int, default=4, help="companies per split (default: %(default)s)")
+    add("--sft-steps", type=int, default=24)
+    add("--sft-batch", type=int, default=4)
+    add("--sft-lr", type=float, default=5e-4)
+    add("--grpo-seeds", default="0,1", help="one GRPO run from the warm start per seed (default: %(default)s)")
+    add("--grpo-steps", type=int, default=4)
+    add("--grpo-batch", type=int, default=4, help="groups with reward variance wanted a step (default: %(default)s)")
+    add("--grpo-group", type=int, default=8, help="episodes per task (default: %(default)s)")
+    add("--max-tasks", type=int, default=12, help="most tasks dynamic sampling draws a step (default: %(default)s)")
+    add("--branch-at", type=int, default=3, help="turn each group branches at: 3 is the first query after listing "
+        "and describing a table (default: %(default)s; 1: whole-episode groups)")
+    add("--grpo-lr", type=float, default=5e-5)
+    add("--kl", type=float, default=0.02, help="KL penalty to the warm start (default: %(default)s)")
+    add("--temperature", type=float, default=0.7, help="GRPO sampling temperature (default: %(default)s)")
+    add("--rank", type=int, default=32)
+    add("--max-tokens", type=int, default=160, help="most tokens per model turn (default: %(default)s)")
+    add("--multi-max-tokens", type=int, default=200, help="tokens a turn on eval-multi, whose longest demonstrated "
+        "query needs more (default: %(default)s)")
+    add("--max-turns", type=int, default=6, help="most tool calls per episode")
+    add("--eval-limit", type=int, default=None, help="episodes per evaluation (default: every task of the split)")
+    add("--base", action="store_true", help="evaluate the base model too (it scored 0 on both splits before)")
+    add("--stop-after", type=float, default=100.0, help="start no phase past this many minutes (default: %(default)s)")
+    add("--smoke", action="store_true", help="toy sizes: checks the program runs, measures nothing")
+    add("--fresh", action="store_true", help="remove OUT first instead of going on from its finished phases")
+    add("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    add("--out", type=Path, default=Path("benchmarks/out/learning_finance_sql"))
+    return cli
 
 
-def _sft(args, demos_file: Path, seconds: dict):
-    t0 = time.perf_counter()
-    sft = run_sft(SFTConfig(base_model=args.model, dataset=str(demos_file), max_steps=args.sft_steps,
-                            batch_size=args.sft_batch, learning_rate=args.sft_lr, lora_rank=args.rank,
-                            eval_fraction=0.05, eval_every=max(1, args.sft_steps // 3), save_every=args.sft_steps,
-                            keep_adapters=1, max_seq_length=4096, dtype=args.dtype), args.out / "sft", progress=False)
-    seconds["sft"] = time.perf_counter() - t0
-    losses = [(m["step"], m.get("loss"), m.get("evalLoss")) for m in sft.metrics]
-    print(f"sft: {args.sft_steps} steps in {seconds['sft']:.0f} s; held-out loss "
-          f"{[round(e, 3) for _, _, e in losses if e is not None]}", flush=True)
-    return sft
+class Bench:
+    """Phases that are run once: a finished phase's result and seconds are kept in OUT/phases/NAME.json."""
 
+    def __init__(self, args, started: float):
+        self.args, self.started = args, started
+        self.seconds: dict[str, float] = {}
+        self.skipped: list[str] = []
 
-def _grpo(args, env_spec: dict, sft, seconds: dict):
-    t0 = time.perf_counter()
-    grpo = run_grpo(GRPOConfig(base_model=args.model, init_adapter=str(sft.final_adapter),
-                               environment={"name": "finance-sql", "options": env_spec, "split": "train"},
-                               max_steps=args.grpo_steps, batch_size=args.grpo_batch, group_size=args.grpo_group,
-                               max_completion_length=args.max_tokens, learning_rate=args.grpo_lr, lora_rank=args.rank,
-                               temperature=1.0, kl_beta=0.0, save_every=args.grpo_steps, keep_adapters=1, seed=0,
-                               dtype=args.dtype),
-                    args.out / "grpo", progress=False)
-    seconds["grpo"] = time.perf_counter() - t0
-    for row in grpo.metrics:
-        print(f"grpo step {row['step']}: reward {row['reward']:.3f}  zeroVarianceGroups {row['zeroVarianceGroups']:.2f}  "
-              f"datums {row['datums']}  {row['stepSeconds']:.0f} s (sample {row['sampleSeconds']:.0f}, "
-              f"train {row['trainSeconds']:.0f})", flush=True)
-    return grpo
-
-
-def evaluate(args, models: dict, env_spec: dict, seconds: dict, started: float) -> None:
-    reports = {}
-    for name, adapter in models.items():
+    def phase(self, name: str, settings: dict, run):
+        path = self.args.out / "phases" / f"{name}.json"
+        if path.exists():
+            kept = json.loads(path.read_text())
+            if kept["settings"] != json.loads(json.dumps(settings)):
+                sys.exit(f"{path} was made with other settings ({kept['settings']}); run with --fresh, or another "
+                         "--out, to measure these")
+            self.seconds[name] = kept["seconds"]
+            print(f"{name}: finished earlier ({kept['seconds']:.0f} s)", flush=True)
+            return kept["result"]
+        if (time.perf_counter() - self.started) / 60 > self.args.stop_after:
+            self.skipped.append(name)
+            return None
         t0 = time.perf_counter()
-        reports[name] = evaluate_env(args.model, "finance-sql", splits=list(SPLITS), limit=args.eval_n,
-                                     options=env_spec, adapter=adapter, max_tokens=args.max_tokens,
-                                     max_turns=args.max_turns)
-        seconds[f"eval {name}"] = time.perf_counter() - t0
-        print(f"eval {name}: " + "  ".join(f"{s} {reports[name]['splits'][s]['pass@1']:.1%}" for s in SPLITS)
-              + f" ({seconds[f'eval {name}']:.0f} s)", flush=True)
-        (args.out / f"eval-{name.replace('+', '-')}.json").write_text(json.dumps(reports[name], indent=1))
+        result = run()
+        self.seconds[name] = time.perf_counter() - t0
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"settings": settings, "seconds": self.seconds[name], "result": result}))
+        tmp.replace(path)
+        print(f"{name}: {self.seconds[name]:.0f} s", flush=True)
+        return result
 
-    summary = {"model": args.model, "dtype": args.computed, "kernels": kernels(), "eval_n": args.eval_n,
-               "seconds": {k: round(v) for k, v in seconds.items()},
-               "minutes_total": round((time.perf_counter() - started) / 60, 1), "splits": {}}
-    print(f"\n{'split':12s} {'model':9s} {'pass@1':>7s}  " + "  ".join(f"{r:>19s}" for r in RUBRICS))
-    for split in SPLITS:
-        outcomes = {name: [e["passed"] for e in reports[name]["splits"][split]["episodes"]] for name in models}
-        entry = {"pass@1": {}, "rubrics": {}, "mcnemar": {}}
-        for name in models:
-            s = reports[name]["splits"][split]
-            entry["pass@1"][name] = s["pass@1"]
-            entry["rubrics"][name] = {r: s["rubrics"].get(r) for r in RUBRICS}
-            print(f"{split:12s} {name:9s} {s['pass@1']:7.1%}  "
-                  + "  ".join(f"{s['rubrics'].get(r, float('nan')):19.2f}" for r in RUBRICS))
-        for a, b in itertools.combinations(models, 2):
-            lost = sum(x and not y for x, y in zip(outcomes[a], outcomes[b]))
-            gained = sum(y and not x for x, y in zip(outcomes[a], outcomes[b]))
+
+def _demos(args, env_spec: dict) -> dict:
+    demos_file = args.out / "demos.jsonl"
+    env = FinanceSQLEnv(seed=0, **env_spec)
+    made = mistaken = 0
+    try:
+        with demos_file.open("w") as f:
+            for demo in demonstrations(env, n=args.demos, mistakes=args.mistakes, seed=0):
+                f.write(json.dumps({"messages": demo["messages"], "tools": demo["tools"]}) + "\n")
+                made, mistaken = made + 1, mistaken + demo["mistake"]
+    finally:
+        env.close()
+    print(f"demos: {made} train-split transcripts, {mistaken} recovering from a mistake", flush=True)
+    return {"file": str(demos_file), "made": made, "mistaken": mistaken}
+
+
+def _sft(args, demos_file: str) -> dict:
+    sft = run_sft(SFTConfig(base_model=args.model, dataset=demos_file, max_steps=args.sft_steps,
+                            batch_size=args.sft_batch, learning_rate=args.sft_lr, lora_rank=args.rank,
+                            eval_fraction=0.05, eval_every=max(1, args.sft_steps // 3), save_every=4,
+                            keep_adapters=1, max_seq_length=4096, dtype=args.dtype), args.out / "sft", progress=False)
+    held_out = [round(m["evalLoss"], 3) for m in sft.metrics if m.get("evalLoss") is not None]
+    print(f"sft: held-out loss per trained token {held_out}", flush=True)
+    return {"adapter": str(sft.final_adapter), "heldOutLoss": held_out}
+
+
+def _grpo(args, env_spec: dict, adapter: str, seed: int) -> dict:
+    grpo = run_grpo(GRPOConfig(
+        base_model=args.model, init_adapter=adapter,
+        environment={"name": "finance-sql", "options": env_spec, "split": "train"},
+        max_steps=args.grpo_steps, batch_size=args.grpo_batch, group_size=args.grpo_group,
+        max_completion_length=args.max_tokens, learning_rate=args.grpo_lr, lora_rank=args.rank,
+        temperature=args.temperature, kl_beta=args.kl, kl_reference="start", variance_on="correctness",
+        dynamic_sampling=True, max_tasks_per_step=args.max_tasks, branch_at_turn=args.branch_at,
+        save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype), args.out / f"grpo-s{seed}", progress=False)
+    keys = ("reward", "zeroVarianceGroups", "tasksDrawn", "groupsKept", "datums", "trainedTokens", "kl",
+            "stepSeconds", "sampleSeconds", "trainSeconds")
+    steps = [{k: row.get(k) for k in ("step", *keys)} for row in grpo.metrics if row.get("step", -1) >= 0]
+    for row in steps:
+        print(f"grpo-s{seed} " + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                           for k, v in row.items()), flush=True)
+    return {"adapter": str(grpo.final_adapter), "steps": steps}
+
+
+def _episodes(args, env_spec: dict, split: str, adapter: str | None, max_tokens: int) -> dict:
+    report = evaluate_env(args.model, "finance-sql", splits=[split], limit=args.eval_limit, options=env_spec,
+                          adapter=adapter, max_tokens=max_tokens, max_turns=args.max_turns)
+    s = report["splits"][split]
+    return {"pass@1": s["pass@1"], "rubrics": {r: s["rubrics"].get(r) for r in RUBRICS},
+            "tasks": [e["task"] for e in s["episodes"]], "passed": [bool(e["passed"]) for e in s["episodes"]]}
+
+
+def _first_query(args, env_spec: dict, adapter: str | None) -> dict:
+    """The model's turn from each eval-single task's discovery state: passed when it is a run_sql whose result's
+    first value, copied as the scripted agent copies it, is the answer."""
+    probe = FinanceSQLEnv(seed=0, **env_spec)
+    tasks = probe.tasks("eval-single", args.eval_limit)
+    probe.close()
+    sampler = ServiceClient().create_sampling_client(base_model=args.model, model_path=adapter)
+    renderer = get_renderer(model_info.get_recommended_renderer_name(args.model), get_tokenizer(args.model))
+    passed, queried = [], 0
+    for start in range(0, len(tasks), FIRST_QUERY_AT_ONCE):
+        chunk = tasks[start:start + FIRST_QUERY_AT_ONCE]
+        envs = [FinanceSQLEnv(seed=0, **env_spec) for _ in chunk]
+        try:
+            episodes = [ToolEpisode(env, task, max_turns=args.max_turns, tools=env.tools())
+                        for env, task in zip(envs, chunk)]
+            started = [[(_discovered(e), [])] for e in episodes]
+            rolled = play(sampler, renderer, [[e] for e in episodes], max_tokens=args.max_tokens, temperature=0.0,
+                          max_turns=1, started=started)
+        finally:
+            for env in envs:
+                env.close()
+        for task, (rollout,) in zip(chunk, rolled):
+            calls, _ = parse_tool_calls(rollout.turns[0].text) if rollout.turns else ([], [])
+            ok = False
+            if calls and calls[0].name == "run_sql" and rollout.messages[-1]["role"] == "tool":
+                queried += 1
+                try:
+                    answer = _copied(rollout.messages[-1]["content"], task.meta["unit"])
+                except IndexError:  # an error or an empty result: no value under a header
+                    answer = ""
+                ok = is_correct(parse_answer(answer), float(task.answer), task.meta["unit"])
+            passed.append(bool(ok))
+    return {"pass@1": sum(passed) / max(1, len(passed)), "queried": queried / max(1, len(passed)),
+            "tasks": [t.id for t in tasks], "passed": passed}
+
+
+def _discovered(episode: ToolEpisode) -> list[dict]:
+    """The episode's messages after the scripted agent's discovery: list_tables, then describe_table for each
+    table the question needs, written as the model writes a call and acted on by the environment."""
+    messages = episode.start()
+    tables = sorted({t["table"] for t in episode.task.meta["terms"]})
+    calls = [("list_tables", {})] + [("describe_table", {"table": t}) for t in tables]
+    for i, (name, arguments) in enumerate(calls):
+        text = hermes_turn({"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+        )["content"]
+        messages += [{"role": "assistant", "content": text}, {"role": "tool", "content": episode.act(text)}]
+    return messages
+
+
+def summarize(args, bench: Bench, results: dict[str, dict]) -> None:
+    summary = {"model": args.model, "kernels": kernels(), "seconds": {k: round(v) for k, v in bench.seconds.items()},
+               "minutes": round(sum(bench.seconds.values()) / 60, 1), "notRun": bench.skipped, "splits": {}}
+    kinds = _kinds(args)
+    print(f"\n{'measure':12s} {'model':10s} {'pass@1':>9s}  " + "  ".join(f"{r:>19s}" for r in RUBRICS))
+    for split, by_model in results.items():
+        entry = summary["splits"][split] = {"passed": {}, "rubrics": {}, "mcnemar": {}, "byKind": {}}
+        for name, r in by_model.items():
+            entry["passed"][name] = f"{sum(r['passed'])}/{len(r['passed'])}"
+            entry["rubrics"][name] = r.get("rubrics")
+            print(f"{split:12s} {name:10s} {entry['passed'][name]:>9s}  "
+                  + "  ".join(f"{(r.get('rubrics') or {}).get(k) or float('nan'):19.2f}" for k in RUBRICS))
+        for a, b in itertools.combinations(by_model, 2):
+            x, y = by_model[a], by_model[b]
+            if x["tasks"] != y["tasks"]:
+                continue
+            lost = sum(p and not q for p, q in zip(x["passed"], y["passed"]))
+            gained = sum(q and not p for p, q in zip(x["passed"], y["passed"]))
             p = mcnemar_exact(lost, gained)
             entry["mcnemar"][f"{a} vs {b}"] = {"right_then_wrong": lost, "wrong_then_right": gained, "p": p}
             print(f"{split:12s} {a} -> {b}: {gained} gained, {lost} lost, exact McNemar p = {p:.3g}")
-        entry["byKind"] = by_kind(env_spec, split, args.eval_n, {name: reports[name]["splits"][split]["episodes"]
-                                                                for name in models})
-        for kind, passed in entry["byKind"].items():
-            print(f"{split:12s} {kind:18s} " + "  ".join(f"{name} {p}/{passed['n']}" for name, p in passed.items()
-                                                         if name != "n"))
-        summary["splits"][split] = entry
-    print("\nwall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
-          + f"; total {summary['minutes_total']} min")
+        for name, r in by_model.items():
+            for task, ok in zip(r["tasks"], r["passed"]):
+                row = entry["byKind"].setdefault(kinds.get(task, "?"), {})
+                row[name] = row.get(name, 0) + ok
+                row["n"] = row.get("n", 0) + (name == next(iter(by_model)))
+        for kind, row in sorted(entry["byKind"].items()):
+            print(f"{split:12s} {kind:18s} " + "  ".join(f"{m} {v}/{row['n']}" for m, v in row.items() if m != "n"))
+    print("\nwall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in bench.seconds.items())
+          + f"; {summary['minutes']} min in all" + (f"; not run yet: {', '.join(bench.skipped)}" if bench.skipped
+                                                   else ""))
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary))
 
 
-def by_kind(env_spec: dict, split: str, limit: int, episodes: dict[str, list[dict]]) -> dict[str, dict]:
-    """Episodes passed per kind of question (value, growth, margin...) and model: a total can hide a model that
-    moved from one kind to another (the 8 GRPO steps of benchmarks/RESULTS.md did). Kinds from the tasks' metadata."""
-    env = FinanceSQLEnv(**env_spec)
+def _kinds(args) -> dict[str, str]:
+    """Each evaluation task's kind of question (value, growth, margin...): a total can hide a model that moved
+    from one kind to another."""
+    env = FinanceSQLEnv(seed=0, companies=args.companies, max_turns=args.max_turns)
     try:
-        kinds = {task.id: task.meta["kind"] for task in env.tasks(split, limit)}
+        return {t.id: t.meta["kind"] for split in ("eval-single", "eval-multi") for t in env.tasks(split)}
     finally:
         env.close()
-    table: dict[str, dict] = {}
-    for name, eps in episodes.items():
-        for e in eps:
-            row = table.setdefault(kinds[e["task"]], {"n": 0, **{m: 0 for m in episodes}})
-            row[name] += bool(e["passed"])
-    for e in next(iter(episodes.values())):
-        table[kinds[e["task"]]]["n"] += 1
-    return dict(sorted(table.items()))
 
 
 if __name__ == "__main__":

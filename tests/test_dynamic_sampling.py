@@ -61,6 +61,9 @@ def test_variance_is_judged_on_the_named_term():
     assert informative([no_correct, mixed, ran_out], "correctness") == [False, True, True]
     with pytest.raises(StropError, match="'correct'.*report correctness, format"):
         informative([mixed], "correct")
+    # a step in which no episode submitted (a weak model's first step) reports no term at all: no spread, no error
+    nobody = (Rollout(reward=0.0), Rollout(reward=0.0))
+    assert informative([nobody, nobody], "correctness") == [False, False]
 
 
 def test_further_tasks_are_drawn_once_a_step_and_the_same_way_again():

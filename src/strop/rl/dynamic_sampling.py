@@ -39,14 +39,15 @@ def reported_terms(rollout) -> dict:
 def informative(groups: list, variance_on: str | None = None) -> list[bool]:
     """Per group: whether its episodes differ on `variance_on` (None: on the total reward). An episode that does
     not report the term (one that ran out of turns before submitting) scores 0 on it; a term that no episode of
-    the step reports is a mistake in the settings, and raises naming the terms they do report."""
+    the step reports while they report others is a mistake in the settings, and raises naming those. A step whose
+    episodes report no named term at all (none of them submitted) is not: every group scores 0, and has no spread."""
     if variance_on is None:
         return [not is_zero_variance(torch.tensor([r.reward for r in group])) for group in groups]
     reported = [reported_terms(r) for group in groups for r in group]
-    if reported and not any(variance_on in terms for terms in reported):
-        names = sorted({name for terms in reported for name in terms})
+    names = sorted({name for terms in reported for name in terms})
+    if names and variance_on not in names:
         raise StropError(f"varianceOn {variance_on!r}: no episode of the step reports a term of that name; they report "
-                         f"{', '.join(names) if names else 'no named terms (judge on the total reward: null)'}")
+                         f"{', '.join(names)} (or judge on the total reward: null)")
     flags, at = [], 0
     for group in groups:
         values = [float(terms.get(variance_on, 0.0)) for terms in reported[at:at + len(group)]]
