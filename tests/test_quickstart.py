@@ -199,7 +199,7 @@ def test_finance_sql_quickstart_warm_starts_then_rl_and_cleans_up(tmp_path):
     done = strop("quickstart", *FINANCE_TINY, "--out", out, home=home)
     assert done.returncode == 0, done.stderr[-3000:]
     for part in ("Exact Match Accuracy", "McNemar p", "eval-single (n=3)", "eval-multi (n=3)", "validToolCalls",
-                 "recoveries", "warm start:", "strop cleanup"):
+                 "recoveries", "warm start:", "strop cleanup", "Does RL add to the warm start?"):
         assert part in done.stdout, part
     manifest = json.loads((out / "quickstart.json").read_text())
     assert manifest["status"] == "succeeded" and manifest["options"]["task"] == "finance-sql"
@@ -211,7 +211,15 @@ def test_finance_sql_quickstart_warm_starts_then_rl_and_cleans_up(tmp_path):
     rl = listed("runs", "get", manifest["run"], home=home)
     assert rl["method"] == "grpo" and rl["lineage"][1]["modelId"] == manifest["warmStartModel"]
     assert listed("runs", "get", manifest["warmStartRun"], home=home)["method"] == "sft"
-    for side in ("baseline", "tuned"):
+    rl_config = json.loads((out / "run.json").read_text())["config"]["rlHyperparams"]
+    assert rl_config["branchAtTurn"] == 3 and rl_config["varianceOn"] == "correctness"
+    assert rl_config["dynamicSampling"]["enabled"] is True
+    warm = json.loads((out / "evaluations" / "warm-start.json").read_text())
+    assert warm["model"] == manifest["warmStartModel"]
+    added = json.loads((out / "report" / "comparison.json").read_text())["warmStartSplits"]
+    for split, s in added.items():  # the warm start's pass@1 against the tuned model's, on the same episodes
+        assert s["n"] == 3 and s["baseline"] == warm["splits"][split]["pass@1"] and 0.0 <= s["mcnemarP"] <= 1.0
+    for side in ("baseline", "warm-start", "tuned"):
         report = json.loads((out / "evaluations" / f"{side}.json").read_text())
         assert [s["n"] for s in report["splits"].values()] == [3, 3]
         assert all(0.0 <= s["rubrics"]["validToolCalls"] <= 1.0 for s in report["splits"].values())

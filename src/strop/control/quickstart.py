@@ -76,7 +76,8 @@ class QuickstartOptions:
 # benchmarks/learning_finance_sql.py
 TASK_DEFAULTS: dict[str, dict] = {
     "gsm8k": {"judge": "local"},
-    "finance-sql": {"steps": 2, "batch_size": 4, "group_size": 4, "max_tokens": 160, "eval_n": 20, "judge": None},
+    "finance-sql": {"steps": 2, "batch_size": 4, "group_size": 4, "max_tokens": 160, "eval_n": 20, "judge": None,
+                    "learning_rate": 5e-5},
 }
 
 
@@ -87,7 +88,7 @@ TRAINING = {"steps": "max_steps", "group_size": "group_size", "batch_size": "bat
 # What quickstart writes under --out (besides quickstart.json); an existing one is never overwritten.
 OWN_FILES = ("data/train.jsonl", "data/eval.jsonl", "run.json", "report/report.html", "report/dashboard.png",
              "report/training.png", "report/comparison.json", "data/demos.jsonl", "sft-run.json",
-             "evaluations/baseline.json", "evaluations/tuned.json")
+             "evaluations/baseline.json", "evaluations/warm-start.json", "evaluations/tuned.json")
 
 
 def _say(message: str) -> None:
