@@ -80,20 +80,25 @@ def main() -> int:
     evals = {"first-query": lambda adapter: _first_query(args, env_spec, adapter),
              "eval-single": lambda adapter: _episodes(args, env_spec, "eval-single", adapter, args.max_tokens),
              "eval-multi": lambda adapter: _episodes(args, env_spec, "eval-multi", adapter, args.multi_max_tokens)}
-    order = [("first-query", "sft"), ("eval-single", "sft")]
-    for seed in seeds:
-        name = f"grpo-s{seed}"
-        if sft is not None:
-            models[name] = bench.phase(name, {**grpo_settings, "seed": seed},
-                                       lambda seed=seed: _grpo(args, env_spec, sft["adapter"], seed))
-            models[name] = models[name] and models[name]["adapter"]
-        order += [("first-query", name), ("eval-single", name)]
-    order += [("eval-multi", name) for name in models]
+    # the cheap measures first and the warm start's once, so that a --stop-after budget keeps the comparisons that
+    # matter most: each seed's first-query measure, then full episodes, then the generalisation split
+    names = ["sft", *(f"grpo-s{seed}" for seed in seeds)]
+    order = [("first-query", "sft")]
+    for seed, name in zip(seeds, names[1:]):
+        order += [("train", name), ("first-query", name)]
+    order += [(split, name) for split in ("eval-single", "eval-multi") for name in names]
     if args.base:
         models["base"] = None
         order += [(split, "base") for split in evals]
     results: dict[str, dict] = {}
     for split, name in order:
+        if split == "train":
+            if sft is not None:
+                seed = int(name.removeprefix("grpo-s"))
+                done = bench.phase(name, {**grpo_settings, "seed": seed},
+                                   lambda seed=seed: _grpo(args, env_spec, sft["adapter"], seed))
+                models[name] = done and done["adapter"]
+            continue
         if name not in models or (name != "base" and models[name] is None):
             continue  # its training phase did not run yet
         settings = {"model": name, "adapter": models[name], "limit": args.eval_limit, "maxTurns": args.max_turns,
