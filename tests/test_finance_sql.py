@@ -15,7 +15,9 @@ import pytest
 
 from strop.envs import Environment, ToolCall, get_env
 from strop.envs import finance_data as data
-from strop.envs.finance_sql import FinanceSQLEnv, ReadOnlyDatabase, is_correct, parse_answer, single_select
+from strop.envs.finance_answers import is_correct, parse_answer
+from strop.envs.finance_sql import FinanceSQLEnv
+from strop.envs.readonly_sql import ReadOnlyDatabase, single_select
 from strop.errors import StropError
 
 FORMAT = 0.1
