@@ -211,7 +211,7 @@ def _grpo(args, env_spec: dict, adapter: str, seed: int) -> dict:
         temperature=args.temperature, kl_beta=args.kl, kl_reference="start", variance_on="correctness",
         dynamic_sampling=True, max_tasks_per_step=args.max_tasks, branch_at_turn=args.branch_at,
         save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype), args.out / f"grpo-s{seed}", progress=False)
-    keys = ("reward", "zeroVarianceGroups", "tasksDrawn", "groupsKept", "datums", "trainedTokens", "kl",
+    keys = ("reward", "zeroVarianceGroups", "tasksDrawn", "groupsKept", "datums", "trainedTokens", "klBase", "entropy",
             "stepSeconds", "sampleSeconds", "trainSeconds")
     steps = [{k: row.get(k) for k in ("step", *keys)} for row in grpo.metrics if row.get("step", -1) >= 0]
     for row in steps:
