@@ -323,7 +323,7 @@ def test_the_one_validator_names_problems_in_each_front_ends_words():
     run = validate_descriptor(seed())
     with pytest.raises(DescriptorError) as caught:   # a value only the loop refuses comes back as a JSON path
         run.to_grpo_config("x.jsonl", [{"name": "c", "weight": 1.0, "grader": "builtin:gsm8k"}], loss_fn="nope")
-    assert "loss_fn: must be one of" in str(caught.value)
+    assert "$.config.rlHyperparams.lossFn: must be one of" in str(caught.value)
     with pytest.raises(DescriptorError, match=r"\$\.config\.rlHyperparams\.groupSize: must be an integer from 2"):
         run.to_grpo_config("x.jsonl", [{"name": "c", "weight": 1.0, "grader": "builtin:gsm8k"}], group_size=1)
 

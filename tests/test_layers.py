@@ -35,6 +35,8 @@ FORBIDDEN = {
 ALLOWED = {
     ("strop.rl.config", "strop.engine.losses"):      # the loss registry is where every loss name is read from
         "the one registry of loss names (issue 15, item 2)",
+    ("strop.rl.loss_choices", "strop.engine.losses"):  # the config's loss checks, on a descriptor's raw values
+        "the one registry of loss names (issue 15, item 2), read by the loss choices' checks (issue 40)",
     ("strop.rl.config", "strop.engine.precision"):   # the dtype names a config accepts, checked without torch
         "the one list of compute dtypes (issue 17, item 4)",
     ("strop.rl.config", "strop.engine.samplers"):    # the sampler names a config accepts, checked without torch

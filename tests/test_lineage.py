@@ -27,7 +27,12 @@ def test_a_run_continues_from_a_tuned_model(workspace, capsys):  # noqa: F811
     assert json.loads(out)["pinned"]["rl"] == {"klReference": "start", "klReferenceModel": first["modelId"],
                                                "varianceOn": None, "warmupSteps": 0,
                                                "dynamicSampling": {"enabled": False, "maxTasksPerStep": None},
-                                               "branchAtTurn": None, "identicalTurns": "skip"}
+                                               "branchAtTurn": None, "identicalTurns": "skip",
+                                               "lossFn": "importance_sampling", "advantageEstimator": "group-mean",
+                                               "lossAggregation": "token-sum", "lossNormalizer": None,
+                                               "overlong": "keep", "overlongBuffer": None, "importanceRatio": "token",
+                                               "clipLow": None, "clipHigh": None, "updatesPerBatch": 1,
+                                               "minibatches": 1}
     second = _finished(capsys, second_path)
     assert second["baseModel"] == "strop/tiny-random"
     assert second["lineage"] == [{"baseModel": "strop/tiny-random"},

@@ -175,7 +175,7 @@ def test_sequence_loss_dispatches_by_name():
               "weights": torch.tensor([1.0, 1.0], dtype=torch.float64)}
     for name in losses.LOSSES:
         loss, clipped = losses.sequence_loss(name, lp, inputs)
-        assert (clipped is not None) == (name == "ppo")
+        assert (clipped is not None) == (name in ("ppo", "cispo"))   # cispo: the positions whose weight was clipped
     assert losses.sequence_loss("cross_entropy", lp, inputs)[0].item() == pytest.approx(3.0)
     with pytest.raises(ValueError, match="unknown loss"):
         losses.sequence_loss("gspo", lp, inputs)

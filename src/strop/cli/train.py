@@ -15,6 +15,8 @@ from strop.errors import StropError
 from strop.paths import runs_dir, safe_name
 from strop.rl.branching import IDENTICAL_TURNS
 from strop.rl.config import LOSS_FNS, GRPOConfig
+from strop.rl.loss_choices import (ADVANTAGE_ESTIMATORS, FIELDS as LOSS_CHOICE_FIELDS, IMPORTANCE_RATIOS,
+                                   LOSS_AGGREGATIONS, OVERLONG)
 from strop.scoring.bundles import absolute_ref
 from strop.trackers import DEFAULT as DEFAULT_TRACKERS, parse_report_to
 
@@ -91,6 +93,30 @@ def register(nouns) -> None:
     p.add_argument("--loss", default="importance_sampling", choices=LOSS_FNS,
                    help="policy loss (default: %(default)s)")
     p.add_argument("--scale-by-std", action="store_true", help="divide advantages by the group's reward std")
+    # the loss choices (strop.rl.loss_choices; docs/training.md, "Loss choices"): each off by default
+    p.add_argument("--advantage-estimator", choices=ADVANTAGE_ESTIMATORS,
+                   help="the baseline a reward is compared with: group-mean (GRPO, default), rloo (the group's other "
+                        "samples: RLOO) or reinforce++ (group mean, then over the batch's std: REINFORCE++)")
+    p.add_argument("--loss-aggregation", choices=LOSS_AGGREGATIONS,
+                   help="how per-token losses add up: token-sum (default), token-mean (DAPO), sequence-mean (GRPO) "
+                        "or constant (Dr. GRPO: over --loss-normalizer)")
+    p.add_argument("--loss-normalizer", type=float, metavar="C",
+                   help="--loss-aggregation constant divides by C (default: batch size x group size x max tokens)")
+    p.add_argument("--overlong", choices=OVERLONG,
+                   help="completions cut at --max-tokens: keep (default), mask (not trained) or soft-penalty "
+                        "(DAPO: reward lowered by up to 1 over the last --overlong-buffer tokens)")
+    p.add_argument("--overlong-buffer", type=int, metavar="N",
+                   help="soft-penalty: tokens before --max-tokens where the penalty grows (default: a quarter)")
+    p.add_argument("--importance-ratio", choices=IMPORTANCE_RATIOS,
+                   help="token (default) or sequence (GSPO: one ratio a sequence, the geometric mean of its "
+                        "tokens')")
+    p.add_argument("--clip-low", type=float, help="--loss ppo or cispo: the lowest ratio kept (default: 0.8)")
+    p.add_argument("--clip-high", type=float,
+                   help="--loss ppo or cispo: the highest ratio kept (default: 1.2; clip-higher: e.g. 1.28)")
+    p.add_argument("--updates-per-batch", type=int, metavar="N",
+                   help="optimizer passes over each sampled batch (default: 1)")
+    p.add_argument("--minibatches", type=int, metavar="N", help="optimizer steps a pass, each on a share of the "
+                                                                 "batch (default: 1)")
     p.add_argument("--system-prompt", help="system message before each question")
     p.add_argument("--question-suffix", default="", help="text appended to each question")
     p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (default: %(default)s)")
@@ -163,7 +189,8 @@ FLAG_FIELDS = {"--base-model": "base_model", "--dataset": "dataset", "--limit": 
                "--variance-on": "variance_on", "--dynamic-sampling": "dynamic_sampling",
                "--max-tasks-per-step": "max_tasks_per_step", "--warmup-steps": "warmup_steps",
                "--branch-at-turn": "branch_at_turn", "--identical-turns": "identical_turns",
-               "--report-to": "report_to", "--report-rollouts-every": "report_rollouts_every"}
+               "--report-to": "report_to", "--report-rollouts-every": "report_rollouts_every",
+               **{f"--{name.replace('_', '-')}": name for name in LOSS_CHOICE_FIELDS}}
 RAY_FLAGS = "--ray-address/--samplers/--trainers"
 
 
@@ -236,7 +263,8 @@ GRPO_ONLY = ("--limit", "--reward", "--group-size", "--max-tokens", "--temperatu
              "--scale-by-std", "--system-prompt", "--question-suffix", "--rollout-correction",
              "--rollout-correction-cap", "--sampler", "--samplers", "--max-off-policy-steps", "--kl-reference",
              "--variance-on", "--dynamic-sampling", "--max-tasks-per-step", "--warmup-steps", "--branch-at-turn",
-             "--identical-turns", "--environment", "--env-option", "--report-rollouts-every")
+             "--identical-turns", "--environment", "--env-option", "--report-rollouts-every",
+             *(f"--{name.replace('_', '-')}" for name in LOSS_CHOICE_FIELDS))
 # how a run is reported is not what it trains: a resumed run may report to other trackers than it started with
 REPORTING = ("report_to", "report_rollouts_every")
 

@@ -47,7 +47,10 @@ from strop.errors import StropError
 from strop.files import FileKindError, open_regular
 from strop.names import escape_hidden, label_problem, registry_name_problem, registry_ref_problem
 from strop.control.descriptor_sampling import branching_problems, sampling_problems
+from strop.engine.losses import POLICY_LOSSES
 from strop.rl.config import GRPOConfig
+from strop.rl.loss_choices import (ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG,
+                                   descriptor_problems as loss_choice_problems)
 from strop.rl.limits import LIMITS
 from strop.scoring.bundles import BUILTINS
 from strop.trackers import CHOICES as TRACKER_CHOICES, DEFAULT as DEFAULT_TRACKERS
@@ -104,6 +107,10 @@ def _limited(name: str, default: Any = ..., *, unit: str = "", optional: bool = 
     return _field(default, accepts=limit.accepts(unit), why=limit.why, why_least=limit.why_least or None, **bounds)
 
 
+def _quoted(names) -> str:
+    return ", ".join(f'"{n}"' for n in names)
+
+
 class _Strict(BaseModel):
     # strict: no "8" -> 8 or true -> 1; forbid: a misspelt optional field must not be silently ignored.
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, alias_generator=to_camel)
@@ -154,6 +161,20 @@ class RLHyperparams(_Strict):
     branch_at_turn: int | None = _limited("branch_at_turn", None, optional=True)
     identical_turns: Literal["auto", "skip", "train"] = _field(
         "auto", accepts='"auto" (skip them where that changes no gradient: klBeta 0), "skip" or "train"')
+    # how rewards become an update (strop.rl.loss_choices; docs/training.md, "Loss choices"): each at the
+    # behaviour strop had before it by default
+    loss_fn: Literal[POLICY_LOSSES] = _field("importance_sampling", accepts=f"one of {_quoted(POLICY_LOSSES)}")
+    advantage_estimator: Literal[ADVANTAGE_ESTIMATORS] = _field(
+        "group-mean", accepts=f"one of {_quoted(ADVANTAGE_ESTIMATORS)}")
+    loss_aggregation: Literal[LOSS_AGGREGATIONS] = _field("token-sum", accepts=f"one of {_quoted(LOSS_AGGREGATIONS)}")
+    loss_normalizer: float | None = _limited("loss_normalizer", None, optional=True)
+    overlong: Literal[OVERLONG] = _field("keep", accepts=f"one of {_quoted(OVERLONG)}")
+    overlong_buffer: int | None = _limited("overlong_buffer", None, unit="of tokens", optional=True)
+    importance_ratio: Literal[IMPORTANCE_RATIOS] = _field("token", accepts=f"one of {_quoted(IMPORTANCE_RATIOS)}")
+    clip_low: float | None = _limited("clip_low", None, optional=True)
+    clip_high: float | None = _limited("clip_high", None, optional=True)
+    updates_per_batch: int = _limited("updates_per_batch", 1)
+    minibatches: int = _limited("minibatches", 1)
 
 
 class SFTHyperparams(_Strict):
@@ -511,7 +532,7 @@ def cross_field_problems(data: Any) -> list[str]:
 
     config = child(data, "config", dict)
     hp = child(config, "rlHyperparams", dict)
-    problems += sampling_problems(hp) + branching_problems(config)
+    problems += sampling_problems(hp) + branching_problems(config) + loss_choice_problems(hp)
     seq, completion = config.get("maxSeqLength"), hp.get("maxCompletionLength")
     in_range = all(_is_int(v, least=0) and LIMITS[name].problem(v) is None
                    for name, v in (("max_seq_length", seq), ("max_completion_length", completion)))

@@ -38,7 +38,8 @@ from strop.errors import StropError
 from strop.files import open_regular
 from strop.paths import runs_dir
 from strop.rl.branching import skips_identical
-from strop.rl.config import GRPOConfig, plan_steps
+from strop.rl.config import plan_steps
+from strop.rl.loss_choices import pinned_settings
 from strop.scoring import confine
 from strop.store import open_store, session_scope
 from strop.store.schema import FINISHED_STATUSES, Evaluation, Model, Project, Run, RunStep, utcnow
@@ -167,11 +168,12 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
 def rl_settings(descriptor: RunDescriptor, pinned: dict) -> dict:
     """The GRPO settings that decide what a step learns from, as the run will use them: the KL reference by name
     (the tuned model the run starts from, or the base model), which term judges a group informative, dynamic
-    sampling, the learning-rate warm-up, the turn groups branch at and whether identical turns are trained."""
+    sampling, the learning-rate warm-up, the turn groups branch at, whether identical turns are trained, and the
+    loss choices (strop.rl.loss_choices.pinned_settings)."""
     hp, base = descriptor.config.rl_hyperparams, pinned.get("baseModel") or {}
-    # identical turns as the run treats them: its loss is GRPOConfig's default (a descriptor does not set one)
+    # identical turns as the run treats them, with the run's loss
     skipped = skips_identical(SimpleNamespace(identical_turns=hp.identical_turns, kl_beta=hp.kl_beta,
-                                              loss_fn=GRPOConfig.defaults()["loss_fn"]))
+                                              loss_fn=hp.loss_fn))
     start = (base.get("initModel") or {}).get("modelId") or base.get("id", descriptor.base_model)
     sampling = hp.dynamic_sampling
     return {"klReference": hp.kl_reference, "klReferenceModel": start if hp.kl_reference == "start" else
@@ -179,7 +181,9 @@ def rl_settings(descriptor: RunDescriptor, pinned: dict) -> dict:
             "dynamicSampling": {"enabled": sampling.enabled, "maxTasksPerStep": sampling.max_tasks_per_step
                                 or (4 * hp.batch_size if sampling.enabled else None)},
             "warmupSteps": hp.optimizer.warmup_steps, "branchAtTurn": hp.branch_at_turn,
-            "identicalTurns": "skip" if skipped else "train"}
+            "identicalTurns": "skip" if skipped else "train",
+            # how rewards become the update: estimator, aggregation, overlong handling, ratio, clip, passes
+            **pinned_settings(SimpleNamespace(**hp.model_dump(), loss_fn_config={}))}
 
 
 def _probe_environment(env, get_env) -> list[str]:

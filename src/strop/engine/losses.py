@@ -47,26 +47,42 @@ POLICY_LOSSES = tuple(name for name, loss in LOSSES.items() if loss.policy)
 
 
 def sequence_loss(name: str, lp_T, inputs: dict, clip_low: float = 0.8, clip_high: float = 1.2,
-                  tis_cap: float | None = None, beta: float = DRO_BETA):
+                  tis_cap: float | None = None, beta: float = DRO_BETA, sequence_ratio: bool = False,
+                  trained_T=None):
     """(the loss `name` over one sequence, the positions a clip cut off or None); `inputs` holds the datum's
     loss_fn_inputs other than target_tokens, as tensors. With `tis_cap`, truncated importance sampling
     (`tis_weights`): the sampler's logprobs give each token's weight and the loss's own ratio is taken against
-    the trainer's."""
+    the trainer's. With `sequence_ratio` (GSPO), every trained position (`trained_T`, default: advantage not 0)
+    weighs and clips the sequence's ratio instead of its own (`sequence_logprobs`)."""
     if name == "cross_entropy":
         return cross_entropy_loss(lp_T, inputs["weights"]), None
     old_T, adv_T = inputs["logprobs"], inputs["advantages"]
     if tis_cap is not None:
         adv_T = adv_T * tis_weights(lp_T, old_T, tis_cap)
         old_T = lp_T.detach()
+    if sequence_ratio:
+        if name == "dro":
+            raise ValueError("dro has no importance ratio to take per sequence")
+        lp_T = sequence_logprobs(lp_T, old_T, adv_T != 0 if trained_T is None else trained_T)
     if name == "importance_sampling":
         return importance_sampling_loss(lp_T, old_T, adv_T), None
     if name == "ppo":
         return ppo_loss(lp_T, old_T, adv_T, clip_low, clip_high)
     if name == "cispo":
-        return cispo_loss(lp_T, old_T, adv_T, clip_low, clip_high), None
+        return cispo_loss(lp_T, old_T, adv_T, clip_low, clip_high), cispo_clipped(lp_T, old_T, clip_low, clip_high)
     if name == "dro":
         return dro_loss(lp_T, old_T, adv_T, beta), None
     raise ValueError(f"unknown loss {name!r}; the losses are {', '.join(LOSSES)}")
+
+
+def sequence_logprobs(lp_T, old_T, trained_T):
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071): logprobs whose ratio to `old_T` is, at every position, the
+    sequence's ratio s = exp(mean over the trained positions of (lp - old)), the geometric mean of the token
+    ratios. A loss given these weighs and clips s, one number a sequence, and its gradient reaches each trained
+    token through the mean (for cispo: clip(s) x A x each token's log-prob gradient, one weight a sequence)."""
+    n = trained_T.sum().clamp(min=1)
+    log_s = ((lp_T - old_T) * trained_T).sum() / n
+    return old_T + log_s
 
 
 def cross_entropy_loss(lp_T, weights_T):
@@ -99,6 +115,12 @@ def cispo_loss(lp_T, old_T, adv_T, clip_low: float = 0.8, clip_high: float = 1.2
     -sum(sg(clip(r, low, high)) * A * log p). Every token keeps a gradient, unlike PPO."""
     weight_T = (lp_T - old_T).exp().clamp(clip_low, clip_high).detach()
     return -(weight_T * adv_T * lp_T).sum()
+
+
+def cispo_clipped(lp_T, old_T, clip_low: float = 0.8, clip_high: float = 1.2):
+    """The positions whose CISPO weight the clip changed."""
+    ratio_T = (lp_T.detach() - old_T).exp()
+    return (ratio_T < clip_low) | (ratio_T > clip_high)
 
 
 def dro_loss(lp_T, old_T, adv_T, beta: float = 0.05):

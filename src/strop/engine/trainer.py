@@ -354,10 +354,11 @@ class LoraTrainer:
         low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
         tis_cap = config.get("tis_cap")
         beta = config.get("beta", DRO_BETA)
+        per_sequence = config.get("importance_ratio", "token") == "sequence"   # GSPO
         for b, d in enumerate(datums):
             n = d.model_input.length
             lp_T, active_T, row = lp_B_T[b, :n], active[b, :n], inputs[b]
-            loss, clipped_T = sequence_loss(loss_fn, lp_T, row, low, high, tis_cap, beta)
+            loss, clipped_T = sequence_loss(loss_fn, lp_T, row, low, high, tis_cap, beta, per_sequence, active_T)
             if clipped_T is not None:
                 stats["clipped:sum"] += float(clipped_T[active_T].sum())
             if LOSSES[loss_fn].policy:

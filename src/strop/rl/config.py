@@ -21,6 +21,7 @@ from strop.errors import StropError
 from strop.engine.losses import POLICY_LOSSES
 from strop.rl.limits import LIMITS
 from strop.rl.dynamic_sampling import sampling_problems
+from strop.rl.loss_choices import choice_problems, combination_problems
 from strop.rl.branching import IDENTICAL_TURNS, branching_problems
 from strop.trackers import CHOICES as TRACKER_CHOICES, DEFAULT as DEFAULT_TRACKERS, report_to_problems
 
@@ -111,7 +112,37 @@ class GRPOConfig:
                                  "cancel over the group) and trains them elsewhere", "auto",
                                  descriptor=_HP + "identicalTurns")
     scale_by_std: bool = _help("divide group-centred advantages by the group's reward std", False)
-    loss_fn: str = _help(f"policy loss: one of {', '.join(LOSS_FNS)}", "importance_sampling")
+    advantage_estimator: str = _help("the baseline each reward is compared with: group-mean (GRPO), rloo (the mean "
+                                     "of the group's other samples) or reinforce++ (group mean, then every "
+                                     "advantage over the trained groups' std); strop.rl.advantages", "group-mean",
+                                     descriptor=_HP + "advantageEstimator")
+    loss_fn: str = _help(f"policy loss: one of {', '.join(LOSS_FNS)}", "importance_sampling",
+                         descriptor=_HP + "lossFn")
+    loss_aggregation: str = _help("how the update's per-token losses add up: token-sum (every token, summed), "
+                                  "token-mean (over the update's trained tokens: DAPO), sequence-mean (each "
+                                  "sequence's mean, then their mean: the original GRPO) or constant (the sum "
+                                  "over loss_normalizer: Dr. GRPO)", "token-sum", descriptor=_HP + "lossAggregation")
+    loss_normalizer: float | None = _help("what loss_aggregation constant divides by (None: batch_size x group_size "
+                                          "x max_completion_length)", None, descriptor=_HP + "lossNormalizer")
+    overlong: str = _help("completions cut at max_completion_length: keep (trained like the rest), mask (left out "
+                          "of the loss, still in their group's baseline) or soft-penalty (DAPO: the reward falls "
+                          "linearly by up to 1 over the last overlong_buffer tokens)", "keep",
+                          descriptor=_HP + "overlong")
+    overlong_buffer: int | None = _help("tokens before max_completion_length where soft-penalty's penalty grows "
+                                        "from 0 to 1 (None: a quarter of max_completion_length)", None,
+                                        descriptor=_HP + "overlongBuffer")
+    importance_ratio: str = _help("the ratio p / q the loss weighs and clips: token (each token's) or sequence "
+                                  "(GSPO: the geometric mean over the sequence's tokens, one per sequence)", "token",
+                                  descriptor=_HP + "importanceRatio")
+    clip_low: float | None = _help("ppo and cispo: the lowest ratio kept (None: 0.8)", None,
+                                   descriptor=_HP + "clipLow")
+    clip_high: float | None = _help("ppo and cispo: the highest ratio kept (None: 1.2; DAPO's clip-higher raises "
+                                    "it alone, e.g. 1.28)", None, descriptor=_HP + "clipHigh")
+    updates_per_batch: int = _help("optimizer passes over each sampled batch; past the first, the ratio is taken "
+                                   "against the trainer's logprobs before the first update, so ppo's clip binds",
+                                   1, descriptor=_HP + "updatesPerBatch")
+    minibatches: int = _help("optimizer steps each pass makes, each on its share of the batch's datums", 1,
+                             descriptor=_HP + "minibatches")
     loss_fn_config: dict = _help("loss options, e.g. {'clip_low_threshold': 0.8, 'clip_high_threshold': 1.2}", factory=dict)
     rollout_correction: str = _help("off, or tis: truncated importance sampling, each token's advantage times "
                                     "min(p_train / p_sampler, rollout_correction_cap), for the mismatch between "
@@ -211,6 +242,8 @@ class GRPOConfig:
         if self.rollout_correction == "tis" and self.loss_fn not in POLICY_LOSSES:
             p.append(("rollout_correction", f"tis corrects a policy loss ({', '.join(POLICY_LOSSES)}), not "
                                             f"{self.loss_fn!r}"))
+        p.extend(choice_problems(self))
+        p.extend(combination_problems(self))
         if self.kl_reference not in KL_REFERENCES:
             p.append(("kl_reference", f"must be one of {', '.join(KL_REFERENCES)}, got {self.kl_reference!r}"))
         p.extend(sampling_problems(self))

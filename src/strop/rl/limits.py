@@ -126,6 +126,17 @@ LIMITS: dict[str, Limit] = {
                                            "before the branch", optional=True),
     "max_off_policy_steps": Limit(0, 16, True, "rollouts more than 16 updates old describe a policy the trainer has "
                                                "left far behind, and each step sampled ahead is held in memory"),
+    "loss_normalizer": Limit(0, 1e12, False, "the loss is divided by it; past 10^12 every update is below "
+                                             "float32's resolution of the weights", least_open=True, optional=True),
+    "overlong_buffer": Limit(1, 32768, True, "it is a length within maxCompletionLength", optional=True),
+    "clip_low": Limit(0, 1, False, "the ratio's lower clip is at most 1 (no change)", least_open=True,
+                      optional=True),
+    "clip_high": Limit(1, 100, False, "a clip past 100 clips nothing a sampled token's ratio reaches",
+                       optional=True),
+    "updates_per_batch": Limit(1, 64, True, "past 64 passes the batch is memorised, not learnt from, and each pass "
+                                            "costs a full update"),
+    "minibatches": Limit(1, 4096, True, "a minibatch holds at least one datum, and a step has at most batchSize x "
+                                        "groupSize of them"),
     "ray_samplers": Limit(1, 256, True, "each replica is a process holding the whole model; 256 is past any "
                                         "cluster one run should ask for"),
     "ray_env_workers": Limit(0, 1024, True, "each worker is a process; a step has at most batchSize x groupSize "

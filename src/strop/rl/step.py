@@ -25,13 +25,16 @@ import torch
 
 from strop import types
 from strop.rl import dynamic_sampling
-from strop.rl.advantages import group_advantages
+from strop.rl import overlong
+from strop.rl.advantages import batch_advantages
 from strop.rl.branching import play_branched, skips_identical, untrained_turns
 from strop.rl.config import GRPOConfig
+from strop.rl.loss_choices import CLIPPED_LOSSES, clip_range
 from strop.rl.metrics import RunLog
 from strop.rl.rollouts import check_errors, play, rollout_datums, turn_kl
 from strop.rl.schedule import warmed_up_rate
 from strop.rl.types import StepMetrics
+from strop.rl.updates import UpdateResult, apply_updates
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,16 @@ def training_client(service, config):
 
 
 def loss_config(config: GRPOConfig) -> dict:
-    """The loss options of forward_backward: the config's own, and the truncated importance sampling cap when
-    rollout correction is on."""
+    """The loss options of forward_backward: the config's own, the clip range when clip_low or clip_high is set,
+    GSPO's sequence ratio when chosen, and the truncated importance sampling cap when rollout correction is on."""
+    options = dict(config.loss_fn_config)
+    if config.clip_low is not None or config.clip_high is not None:
+        options["clip_low_threshold"], options["clip_high_threshold"] = map(float, clip_range(config))
+    if config.importance_ratio != "token":
+        options["importance_ratio"] = config.importance_ratio
     if config.rollout_correction == "tis":
-        return {**config.loss_fn_config, "tis_cap": float(config.rollout_correction_cap)}
-    return dict(config.loss_fn_config)
+        options["tis_cap"] = float(config.rollout_correction_cap)
+    return options
 
 
 def step_seed(config: GRPOConfig, step: int) -> int:
@@ -141,16 +149,27 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
     kept = set(dynamic_sampling.kept_groups(groups, config.variance_on,
                                             config.batch_size if config.dynamic_sampling else None))
     skip_identical, untrained = skips_identical(config), 0
-    for g, group in enumerate(groups):
-        rewards_G = torch.tensor([r.reward for r in group])
-        advantages_G = group_advantages(rewards_G, scale_by_std=config.scale_by_std)
+    # overlong soft-penalty shapes the rewards the advantages compare (not the reward reported, nor which
+    # groups are informative); the estimator sees every group, reinforce++ normalising over the trained ones
+    penalties = [[overlong.penalty(r, config) for r in group] for group in groups]
+    advantages = batch_advantages([torch.tensor([r.reward + p for r, p in zip(group, pens)])
+                                   for group, pens in zip(groups, penalties)],
+                                  config.advantage_estimator, config.scale_by_std, normalise_over=sorted(kept))
+    masked = 0
+    for g, (group, advantages_G) in enumerate(zip(groups, advantages)):
         # a branched group's shared prefix, and turns the whole group wrote alike: no advantage, no compute
         untrained_G = untrained_turns(group, skip_identical)
-        for rollout, advantage, n in zip(group, advantages_G.tolist(), untrained_G):
+        for rollout, advantage, n, pen in zip(group, advantages_G.tolist(), untrained_G, penalties[g]):
             records.append({"step": step, "group": g, "reward": rollout.reward, "advantage": advantage,
-                            **({"untrainedTurns": n} if n else {}), **ctx.source.record(rollout, ctx.renderer)})
+                            **({"untrainedTurns": n} if n else {}), **({"overlongPenalty": pen} if pen else {}),
+                            **ctx.source.record(rollout, ctx.renderer)})
         if g not in kept:
             continue
+        # overlong mask: a rollout cut at the token limit stays in its group's baseline but is not trained
+        trained_G = [i for i, r in enumerate(group) if not overlong.masked(r, config)]
+        masked += len(group) - len(trained_G)
+        group, advantages_G = [group[i] for i in trained_G], advantages_G[trained_G]
+        untrained_G = [untrained_G[i] for i in trained_G]
         untrained += sum(untrained_G)
         kl_G = turn_kl(ctx.base_sampler, group, untrained_G) if ctx.base_sampler is not None else None
         if kl_G is not None:
@@ -161,15 +180,13 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
     # before the update: a step whose rewards are mostly failures must not move the weights
     check_errors(rollouts, config.max_reward_error_fraction, step, ctx.source.failure)
     t1 = time.perf_counter()
-    fb, optim = {}, {}
     adam = ctx.adam
     if config.warmup_steps:
         adam = dataclasses.replace(adam, learning_rate=warmed_up_rate(adam.learning_rate, step, config.warmup_steps))
-    if datums:
-        fb = ctx.training.forward_backward(datums, loss_fn=config.loss_fn,
-                                           loss_fn_config=loss_config(config)).result().metrics
-        optim = ctx.training.optim_step(adam).result().metrics
+    update = apply_updates(ctx.training, datums, config, adam, loss_config(config)) if datums else UpdateResult()
+    fb, optim = update.first_pass, update.optim
     train_seconds = time.perf_counter() - t1
+    clipping = config.loss_fn in CLIPPED_LOSSES
 
     turns = [t for r in rollouts for t in r.turns]
     n_tokens = sum(len(t.tokens) for t in turns)
@@ -199,6 +216,11 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
         groupsDropped=len(groups) - len(kept) if config.dynamic_sampling else None,
         trainedTokens=trained,
         untrainedTurns=untrained if config.branch_at_turn or skip_identical else None,
+        overlongMasked=masked if config.overlong == "mask" else None,
+        overlongPenalty=statistics.fmean(p for pens in penalties for p in pens)
+        if config.overlong == "soft-penalty" else None,
+        updateClippedFractions=update.clipped_shares if clipping else None,
+        optimizerSteps=update.optimizer_steps if config.updates_per_batch > 1 or config.minibatches > 1 else None,
         **ctx.source.metrics(rollouts))
     if ctx.log is not None:
         ctx.log.write_rollouts(records)

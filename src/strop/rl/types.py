@@ -109,6 +109,10 @@ class StepMetrics:
     groupsDropped: int | None = None           # dynamic sampling: groups drawn but not trained (no variance, or surplus)
     trainedTokens: float = 0.0                 # tokens the update had a gradient for (advantage or KL not 0)
     untrainedTurns: int | None = None          # branchAtTurn / identicalTurns: turns of trained groups left untrained
+    overlongMasked: int | None = None          # overlong mask: rollouts of trained groups cut at max tokens, not trained
+    overlongPenalty: float | None = None       # overlong soft-penalty: the mean penalty added to the rollouts' rewards
+    updateClippedFractions: list | None = None  # ppo, cispo: per optimizer step, the share of trained tokens clipped
+    optimizerSteps: int | None = None          # updatesPerBatch x minibatches (when either is above 1)
 
     def as_row(self) -> dict:
         """The JSON row: every field by its name, `reward/NAME` and `rubric/NAME` flattened, absent optionals
