@@ -205,6 +205,19 @@ def test_evaluations_list_one_with_its_items_and_two_compared(server):
     compared = _get(server, f"/api/compare?a={a}&b={b}")[1]
     assert compared["accuracy"]["delta"] == 0.5 and compared["mcnemar"] == {"p": 0.5, "aOnly": 0, "bOnly": 2}
     assert compared["items"][1]["a"]["correct"] is False and compared["items"][1]["b"]["correct"] is True
+    # the dashboard's panels as data, worked by hand: A right on items 0 and 3, B right on all four, no judge
+    panels = {p["id"]: p for p in compared["dashboard"]["panels"]}
+    assert compared["dashboard"]["source"] == "exact match; no judge"
+    assert panels["head-to-head"]["series"][0]["values"] == [2, 2, 0]          # B wins, ties, A wins
+    assert [s["values"] for s in panels["means"]["series"]] == [[0.5], [1.0]]
+    assert panels["histogram"]["categories"] == ["0", "1"]
+    assert [s["values"] for s in panels["histogram"]["series"]] == [[2, 2], [0, 4]]
+    assert panels["paired"]["items"] == [0, 1, 2, 3]
+    assert [s["values"] for s in panels["paired"]["series"]] == [[1, 0, 0, 1], [1, 1, 1, 1]]
+    assert panels["confusion"]["counts"] == [[0, 2], [0, 2]]                  # rows A 0/1, columns B 0/1
+    assert panels["deltas"]["categories"] == ["#2", "#1", "#3", "#0"]
+    assert panels["deltas"]["series"][0]["values"] == [1, 1, 0, 0]
+    assert ["exact-match accuracy", "50.0%", "100.0%"] == compared["dashboard"]["summary"][0][:3]
     status, body, _ = _get(server, "/api/compare?a=eval-1&b=x")
     assert status == 400 and "is not an evaluation id" in body["error"]
     status, body, _ = _get(server, "/api/evaluations/eval-00000000")

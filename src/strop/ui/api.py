@@ -10,7 +10,8 @@
     GET  /api/models, /api/projects            tuned models with lineage; project names
     GET  /api/evaluations                      the newest evaluations
     GET  /api/evaluations/EVAL                 one evaluation with its per-item rows (at most MAX_ITEMS)
-    GET  /api/compare?a=EVAL&b=EVAL            two finished evaluations side by side, with the statistics
+    GET  /api/compare?a=EVAL&b=EVAL            two finished evaluations side by side, with the statistics and
+                                               the dashboard's panels as data (strop.report.panels)
     POST /api/sample {model, prompt, maxTokens, temperature}   one reply from a base or tuned model
 
 Each returns (HTTP status, JSON-able payload); a StropError becomes a 4xx with its message.
@@ -26,6 +27,7 @@ from strop.control import evaluations, folder_runs, models, projects, run_view, 
 from strop.control.run_view import tail
 from strop.errors import StropError
 from strop.paths import strop_home
+from strop.report.panels import dashboard_panels
 from strop.ui.rollouts import MAX_PAGE, RolloutQuery, index_for
 
 RUN_ID = re.compile(r"run-[0-9a-f]{8}")
@@ -54,7 +56,9 @@ def handle(method: str, parts: list[str], query: dict[str, str], body: bytes = b
         report["itemsShown"], report["items"] = min(len(report["items"]), MAX_ITEMS), report["items"][:MAX_ITEMS]
         return 200, report
     if parts == ["compare"] and method == "GET":
-        return 200, evaluations.compare_evaluations(_eval_id(query.get("a", "")), _eval_id(query.get("b", "")))
+        compared = evaluations.compare_evaluations(_eval_id(query.get("a", "")), _eval_id(query.get("b", "")))
+        compared["dashboard"] = dashboard_panels(compared)   # the static dashboard's panels, as data to draw
+        return 200, compared
     if len(parts) >= 2 and parts[0] == "runs":
         return _run(method, parts[1], parts[2:], query)
     return 404, {"error": f"no endpoint {method} /api/{'/'.join(parts)[:100]}"}
