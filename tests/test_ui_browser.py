@@ -132,6 +132,33 @@ def test_two_evaluations_side_by_side(browser, base_url, tmp_path):
     assert page.problems() == []
 
 
+def test_comparison_dashboard_panels_are_interactive_charts(browser, base_url, tmp_path):
+    hostile_model = '<img src=x onerror="window.__pwned=3">'      # a model name lands in titles, legends, tips
+    a = make_evaluation(hostile_model, [True, False, False, True])
+    b = make_evaluation("model-12345678", [True, True, True, True])
+    page = browser.page(f"{base_url}/#/compare/{a}/{b}")
+    page.wait_for("document.querySelectorAll('#dashboard .chart').length === 6")
+    panels = page.evaluate("[...document.querySelectorAll('#dashboard .chart')].map(c => c.dataset.panel)")
+    assert panels == ["head-to-head", "means", "histogram", "paired", "confusion", "deltas"]
+    h2h = "document.querySelector('.chart[data-panel=\"head-to-head\"]')"
+    assert page.evaluate(f"{h2h}.querySelectorAll('rect.bar').length") == 2     # B wins 2, ties 2, A wins 0
+    box = page.evaluate(f"(() => {{ const r = {h2h}.querySelector('svg').getBoundingClientRect(); "
+                        "return [r.left, r.top, r.width, r.height]; })()")
+    page.mouse_move(box[0] + box[2] * 0.2, box[1] + box[3] / 2)     # over the first group: B's wins
+    tip = page.wait_for(f"{h2h}.querySelector('.tip').style.display === 'block' && "
+                        f"{h2h}.querySelector('.tip').textContent")
+    assert tip == "model-12345678 wins\nitems: 2"
+    cells = page.evaluate("[...document.querySelectorAll('.chart[data-panel=\"confusion\"] text')].map(t => t.textContent)")
+    assert cells[:4] == ["0", "2", "0", "2"]
+    summary = page.evaluate("document.querySelector('#dashboard-summary tbody tr').textContent")
+    assert summary == "exact-match accuracy50.0%100.0%+50.0 pts"
+    assert hostile_model in page.evaluate("document.getElementById('dashboard').textContent")
+    assert page.evaluate("document.querySelectorAll('#main img, #main script').length") == 0
+    assert page.evaluate("window.__pwned === undefined") is True
+    _shot(page, "compare-dashboard", tmp_path)
+    assert page.problems() == []
+
+
 def test_models_page_samples_a_model_by_hand(browser, base_url, tmp_path, tiny_model_dir):
     from strop.store import open_store, session_scope
     from strop.store.schema import SelectedBaseModel

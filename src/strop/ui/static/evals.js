@@ -47,6 +47,19 @@ async function onePage(main, id) {
       el("td", {}, el("pre", {}, judgeText(i.judge))))))));
 }
 
+// The static dashboard's panels (strop.report.panels computes them for both) as interactive charts, and its
+// summary table. Labels come from model names and evaluation ids: set as text.
+function dashboard(d) {
+  const {el} = window.stropUI;
+  const {barChart, heatmap} = window.stropCharts;
+  const charts = d.panels.map(p => p.kind === "heatmap" ? heatmap(p.title, p.levels, p.counts, d.labels[0], d.labels[1], p.id)
+    : p.kind === "pairs" ? barChart(p.title, p.items.map(i => "#" + i), p.series, p.id)
+    : barChart(p.title, p.categories, p.series, p.id));
+  return el("div", {id: "dashboard"}, el("div", {class: "charts"}, ...charts),
+    el("table", {id: "dashboard-summary"}, el("thead", {}, el("tr", {}, ["statistic", d.labels[0], d.labels[1],
+      "B − A"].map(h => el("th", {}, h)))), el("tbody", {}, d.summary.map(row => el("tr", {}, row.map(v => el("td", {}, v)))))));
+}
+
 async function comparePage(main, a, b) {
   const {el, api} = window.stropUI;
   const fmt = window.stropCharts.fmt;
@@ -59,6 +72,7 @@ async function comparePage(main, a, b) {
       ["accuracy B", fmt(c.accuracy.b)], ["B − A", `${fmt(c.accuracy.delta)} (95% CI ${fmt(c.accuracy.ci95[0])} … ${fmt(c.accuracy.ci95[1])})`],
       ["McNemar exact p", `${fmt(c.mcnemar.p)} (A only ${c.mcnemar.aOnly}, B only ${c.mcnemar.bOnly})`]]
       .flatMap(([k, v]) => [el("span", {class: "muted"}, k), el("span", {}, v)])),
+    el("h2", {}, "Dashboard"), dashboard(c.dashboard),
     el("h2", {}, "Per item"), el("table", {id: "compare-items"}, el("thead", {}, el("tr", {}, ["#", "question", "gold",
       c.a.label, c.b.label].map(h => el("th", {}, h)))), el("tbody", {}, c.items.map(i => el("tr", {},
       el("td", {}, i.index), el("td", {}, el("pre", {}, i.question)), el("td", {}, i.gold ?? ""), side(i.a), side(i.b))))));
