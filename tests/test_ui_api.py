@@ -15,7 +15,7 @@ import pytest
 from strop.control.runs import run_dir
 from strop.errors import StropError
 from strop.ui.rollouts import RolloutIndex, RolloutQuery
-from ui_runs import HOSTILE, make_evaluation, make_run, single_turn_rollouts, ui_server, write_metrics
+from ui_runs import HOSTILE, env_eval_report, make_evaluation, make_run, single_turn_rollouts, ui_server, write_metrics
 
 
 def _get(server, path: str, headers: dict | None = None, method: str = "GET", body: bytes | None = None):
@@ -222,6 +222,23 @@ def test_evaluations_list_one_with_its_items_and_two_compared(server):
     assert status == 400 and "is not an evaluation id" in body["error"]
     status, body, _ = _get(server, "/api/evaluations/eval-00000000")
     assert status == 404 and "no evaluation" in body["error"]
+
+
+def test_env_eval_reports_with_their_rubrics(server):
+    from strop.control import env_evals
+    kept = env_evals.save(env_eval_report())
+    listed = _get(server, "/api/env-evals")[1]["envEvals"]
+    assert listed[0]["envEvalId"] == kept and listed[0]["splits"]["eval-single"]["rubrics"]["sqlErrors"] == 0.25
+    one = _get(server, f"/api/env-evals/{kept}")[1]
+    assert one["baseline"] == {"model": "strop/tiny-random", "splits": {"eval-single": {
+        "n": 2, "pass@1": 0.0, "meanReward": 0.0, "rubrics": {"sqlErrors": 1.0}}}}     # episodes left out
+    assert one["comparison"]["eval-single"]["modelOnly"] == 1 and HOSTILE not in json.dumps(one)
+    status, body, _ = _get(server, "/api/env-evals/../../etc")
+    assert status in (400, 404)
+    status, body, _ = _get(server, "/api/env-evals/envEval-x")
+    assert status == 400 and "is not an env-eval id" in body["error"]
+    status, body, _ = _get(server, "/api/env-evals/envEval-00000000")
+    assert status == 404 and "no env-eval report" in body["error"]
 
 
 def test_strop_train_folders_are_runs_too(server):

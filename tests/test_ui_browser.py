@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ui_runs import HOSTILE, finance_episode, make_evaluation, make_run, single_turn_rollouts, ui_server, write_metrics
+from ui_runs import HOSTILE, env_eval_report, finance_episode, make_evaluation, make_run, single_turn_rollouts, ui_server, write_metrics
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None,
                                 reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
@@ -156,6 +156,34 @@ def test_comparison_dashboard_panels_are_interactive_charts(browser, base_url, t
     assert page.evaluate("document.querySelectorAll('#main img, #main script').length") == 0
     assert page.evaluate("window.__pwned === undefined") is True
     _shot(page, "compare-dashboard", tmp_path)
+    assert page.problems() == []
+
+
+def test_env_eval_report_shows_pass_at_1_and_rubrics_as_charts(browser, base_url, tmp_path):
+    from strop.control import env_evals
+    report = env_eval_report()
+    report["model"] = HOSTILE.replace("/", "")        # a model name is untrusted text too
+    kept = env_evals.save(report)
+    page = browser.page(f"{base_url}/#/evaluations")
+    page.wait_for(f"document.querySelector('tr[data-env-eval=\"{kept}\"]') !== null")
+    page.evaluate(f"document.querySelector('tr[data-env-eval=\"{kept}\"]').click()")
+    page.wait_for("document.querySelectorAll('#env-charts .chart').length === 2")
+    rubrics = "document.querySelector('.chart[data-panel=\"rubrics-eval-single\"]')"
+    assert page.evaluate(f"{rubrics}.querySelectorAll('rect.bar').length") == 3   # model 2 rubrics, baseline 1
+    box = page.evaluate(f"(() => {{ const r = {rubrics}.querySelector('svg').getBoundingClientRect(); "
+                        "return [r.left, r.top, r.width, r.height]; })()")
+    page.mouse_move(box[0] + box[2] * 0.3, box[1] + box[3] / 2)     # over the first rubric, sqlErrors
+    tip = page.wait_for(f"{rubrics}.querySelector('.tip').style.display === 'block' && "
+                        f"{rubrics}.querySelector('.tip').textContent")
+    assert tip == f"sqlErrors\n{report['model']}: 0.25\nstrop/tiny-random: 1"
+    rows = page.evaluate("[...document.querySelectorAll('#env-splits tbody tr')].map(r => r.textContent)")
+    assert rows == [f"{report['model']}eval-single20.50.5sqlErrors 0.25 · validToolCalls 0.75",
+                    "strop/tiny-randomeval-single200sqlErrors 1"]
+    assert "0.5" in page.evaluate("document.getElementById('env-comparison').textContent")
+    assert "null" not in page.evaluate("document.getElementById('main').textContent")
+    assert page.evaluate("document.querySelectorAll('#main img, #main script').length") == 0
+    assert page.evaluate("window.__pwned === undefined") is True
+    _shot(page, "env-eval", tmp_path)
     assert page.problems() == []
 
 
