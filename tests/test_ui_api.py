@@ -218,6 +218,10 @@ def test_evaluations_list_one_with_its_items_and_two_compared(server):
     assert panels["deltas"]["categories"] == ["#2", "#1", "#3", "#0"]
     assert panels["deltas"]["series"][0]["values"] == [1, 1, 0, 0]
     assert ["exact-match accuracy", "50.0%", "100.0%"] == compared["dashboard"]["summary"][0][:3]
+    from strop.report.dashboard import dashboard_figure      # the static dashboard: the same panels, same titles
+    drawn = [ax.get_title().replace("\n", " ") for ax in dashboard_figure(compared).axes][:6]
+    assert drawn == [p["title"] for p in compared["dashboard"]["panels"]]
+    assert drawn[5] == "Per-problem delta (model-12345678 - tiny-random) (exact match; no judge)"
     status, body, _ = _get(server, "/api/compare?a=eval-1&b=x")
     assert status == 400 and "is not an evaluation id" in body["error"]
     status, body, _ = _get(server, "/api/evaluations/eval-00000000")
