@@ -54,6 +54,10 @@ def test_envs_eval_of_a_tuned_and_a_base_model(tiny_model_dir):
     assert set(report["splits"]) == {"eval-single", "eval-multi"}
     assert report["comparison"]["eval-multi"]["delta"] == 0.0 and report["comparison"]["eval-multi"]["mcnemarP"] == 1.0
     assert "sqlErrors" in report["splits"]["eval-single"]["rubrics"]
+    from strop.control import env_evals           # kept for `strop ui`, per-episode lists left out
+    kept = env_evals.get(report["envEvalId"])
+    assert kept["env"] == "finance-sql" and kept["splits"]["eval-multi"]["rubrics"] == report["splits"]["eval-multi"]["rubrics"]
+    assert "episodes" not in kept["splits"]["eval-multi"] and kept["comparison"] == report["comparison"]
 
 
 def test_multi_turn_grpo_in_finance_sql(tiny_model_dir, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from strop.control.runs import run_dir
 from strop.errors import StropError
 from strop.ui.rollouts import RolloutIndex, RolloutQuery
-from ui_runs import HOSTILE, make_evaluation, make_run, single_turn_rollouts, ui_server, write_metrics
+from ui_runs import HOSTILE, env_eval_report, make_evaluation, make_run, single_turn_rollouts, ui_server, write_metrics
 
 
 def _get(server, path: str, headers: dict | None = None, method: str = "GET", body: bytes | None = None):
@@ -205,10 +205,44 @@ def test_evaluations_list_one_with_its_items_and_two_compared(server):
     compared = _get(server, f"/api/compare?a={a}&b={b}")[1]
     assert compared["accuracy"]["delta"] == 0.5 and compared["mcnemar"] == {"p": 0.5, "aOnly": 0, "bOnly": 2}
     assert compared["items"][1]["a"]["correct"] is False and compared["items"][1]["b"]["correct"] is True
+    # the dashboard's panels as data, worked by hand: A right on items 0 and 3, B right on all four, no judge
+    panels = {p["id"]: p for p in compared["dashboard"]["panels"]}
+    assert compared["dashboard"]["source"] == "exact match; no judge"
+    assert panels["head-to-head"]["series"][0]["values"] == [2, 2, 0]          # B wins, ties, A wins
+    assert [s["values"] for s in panels["means"]["series"]] == [[0.5], [1.0]]
+    assert panels["histogram"]["categories"] == ["0", "1"]
+    assert [s["values"] for s in panels["histogram"]["series"]] == [[2, 2], [0, 4]]
+    assert panels["paired"]["items"] == [0, 1, 2, 3]
+    assert [s["values"] for s in panels["paired"]["series"]] == [[1, 0, 0, 1], [1, 1, 1, 1]]
+    assert panels["confusion"]["counts"] == [[0, 2], [0, 2]]                  # rows A 0/1, columns B 0/1
+    assert panels["deltas"]["categories"] == ["#2", "#1", "#3", "#0"]
+    assert panels["deltas"]["series"][0]["values"] == [1, 1, 0, 0]
+    assert ["exact-match accuracy", "50.0%", "100.0%"] == compared["dashboard"]["summary"][0][:3]
+    from strop.report.dashboard import dashboard_figure      # the static dashboard: the same panels, same titles
+    drawn = [ax.get_title().replace("\n", " ") for ax in dashboard_figure(compared).axes][:6]
+    assert drawn == [p["title"] for p in compared["dashboard"]["panels"]]
+    assert drawn[5] == "Per-problem delta (model-12345678 - tiny-random) (exact match; no judge)"
     status, body, _ = _get(server, "/api/compare?a=eval-1&b=x")
     assert status == 400 and "is not an evaluation id" in body["error"]
     status, body, _ = _get(server, "/api/evaluations/eval-00000000")
     assert status == 404 and "no evaluation" in body["error"]
+
+
+def test_env_eval_reports_with_their_rubrics(server):
+    from strop.control import env_evals
+    kept = env_evals.save(env_eval_report())
+    listed = _get(server, "/api/env-evals")[1]["envEvals"]
+    assert listed[0]["envEvalId"] == kept and listed[0]["splits"]["eval-single"]["rubrics"]["sqlErrors"] == 0.25
+    one = _get(server, f"/api/env-evals/{kept}")[1]
+    assert one["baseline"] == {"model": "strop/tiny-random", "splits": {"eval-single": {
+        "n": 2, "pass@1": 0.0, "meanReward": 0.0, "rubrics": {"sqlErrors": 1.0}}}}     # episodes left out
+    assert one["comparison"]["eval-single"]["modelOnly"] == 1 and HOSTILE not in json.dumps(one)
+    status, body, _ = _get(server, "/api/env-evals/../../etc")
+    assert status in (400, 404)
+    status, body, _ = _get(server, "/api/env-evals/envEval-x")
+    assert status == 400 and "is not an env-eval id" in body["error"]
+    status, body, _ = _get(server, "/api/env-evals/envEval-00000000")
+    assert status == 404 and "no env-eval report" in body["error"]
 
 
 def test_strop_train_folders_are_runs_too(server):

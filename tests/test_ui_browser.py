@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ui_runs import HOSTILE, finance_episode, make_evaluation, make_run, single_turn_rollouts, ui_server, write_metrics
+from ui_runs import HOSTILE, env_eval_report, finance_episode, make_evaluation, make_run, single_turn_rollouts, ui_server, write_metrics
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None,
                                 reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
@@ -129,6 +129,61 @@ def test_two_evaluations_side_by_side(browser, base_url, tmp_path):
     assert "clarity 4" in cells[4]
     assert page.evaluate("document.querySelectorAll('#main img, #main script').length") == 0
     _shot(page, "compare", tmp_path)
+    assert page.problems() == []
+
+
+def test_comparison_dashboard_panels_are_interactive_charts(browser, base_url, tmp_path):
+    hostile_model = '<img src=x onerror="window.__pwned=3">'      # a model name lands in titles, legends, tips
+    a = make_evaluation(hostile_model, [True, False, False, True])
+    b = make_evaluation("model-12345678", [True, True, True, True])
+    page = browser.page(f"{base_url}/#/compare/{a}/{b}")
+    page.wait_for("document.querySelectorAll('#dashboard .chart').length === 6")
+    panels = page.evaluate("[...document.querySelectorAll('#dashboard .chart')].map(c => c.dataset.panel)")
+    assert panels == ["head-to-head", "means", "histogram", "paired", "confusion", "deltas"]
+    h2h = "document.querySelector('.chart[data-panel=\"head-to-head\"]')"
+    assert page.evaluate(f"{h2h}.querySelectorAll('rect.bar').length") == 2     # B wins 2, ties 2, A wins 0
+    box = page.evaluate(f"(() => {{ const r = {h2h}.querySelector('svg').getBoundingClientRect(); "
+                        "return [r.left, r.top, r.width, r.height]; })()")
+    page.mouse_move(box[0] + box[2] * 0.2, box[1] + box[3] / 2)     # over the first group: B's wins
+    tip = page.wait_for(f"{h2h}.querySelector('.tip').style.display === 'block' && "
+                        f"{h2h}.querySelector('.tip').textContent")
+    assert tip == "model-12345678 wins\nitems: 2"
+    cells = page.evaluate("[...document.querySelectorAll('.chart[data-panel=\"confusion\"] text')].map(t => t.textContent)")
+    assert cells[:4] == ["0", "2", "0", "2"]
+    summary = page.evaluate("document.querySelector('#dashboard-summary tbody tr').textContent")
+    assert summary == "exact-match accuracy50.0%100.0%+50.0 pts"
+    assert hostile_model in page.evaluate("document.getElementById('dashboard').textContent")
+    assert page.evaluate("document.querySelectorAll('#main img, #main script').length") == 0
+    assert page.evaluate("window.__pwned === undefined") is True
+    _shot(page, "compare-dashboard", tmp_path)
+    assert page.problems() == []
+
+
+def test_env_eval_report_shows_pass_at_1_and_rubrics_as_charts(browser, base_url, tmp_path):
+    from strop.control import env_evals
+    report = env_eval_report()
+    report["model"] = HOSTILE.replace("/", "")        # a model name is untrusted text too
+    kept = env_evals.save(report)
+    page = browser.page(f"{base_url}/#/evaluations")
+    page.wait_for(f"document.querySelector('tr[data-env-eval=\"{kept}\"]') !== null")
+    page.evaluate(f"document.querySelector('tr[data-env-eval=\"{kept}\"]').click()")
+    page.wait_for("document.querySelectorAll('#env-charts .chart').length === 2")
+    rubrics = "document.querySelector('.chart[data-panel=\"rubrics-eval-single\"]')"
+    assert page.evaluate(f"{rubrics}.querySelectorAll('rect.bar').length") == 3   # model 2 rubrics, baseline 1
+    box = page.evaluate(f"(() => {{ const r = {rubrics}.querySelector('svg').getBoundingClientRect(); "
+                        "return [r.left, r.top, r.width, r.height]; })()")
+    page.mouse_move(box[0] + box[2] * 0.3, box[1] + box[3] / 2)     # over the first rubric, sqlErrors
+    tip = page.wait_for(f"{rubrics}.querySelector('.tip').style.display === 'block' && "
+                        f"{rubrics}.querySelector('.tip').textContent")
+    assert tip == f"sqlErrors\n{report['model']}: 0.25\nstrop/tiny-random: 1"
+    rows = page.evaluate("[...document.querySelectorAll('#env-splits tbody tr')].map(r => r.textContent)")
+    assert rows == [f"{report['model']}eval-single20.50.5sqlErrors 0.25 · validToolCalls 0.75",
+                    "strop/tiny-randomeval-single200sqlErrors 1"]
+    assert "0.5" in page.evaluate("document.getElementById('env-comparison').textContent")
+    assert "null" not in page.evaluate("document.getElementById('main').textContent")
+    assert page.evaluate("document.querySelectorAll('#main img, #main script').length") == 0
+    assert page.evaluate("window.__pwned === undefined") is True
+    _shot(page, "env-eval", tmp_path)
     assert page.problems() == []
 
 

@@ -107,6 +107,18 @@ def make_evaluation(model: str, correct: list[bool], response: str = "the answer
         return evaluation.id
 
 
+def env_eval_report() -> dict:
+    """A `strop envs eval` report with a baseline, shaped as the CLI prints it (episodes hold model text)."""
+    def split(passed, rubrics):
+        return {"n": 2, "pass@1": passed, "meanReward": passed, "rubrics": rubrics,
+                "episodes": [{"passed": True, "reward": 1.0, "text": HOSTILE}]}
+    return {"env": "finance-sql", "model": "model-12345678",
+            "splits": {"eval-single": split(0.5, {"sqlErrors": 0.25, "validToolCalls": 0.75})},
+            "baseline": {"model": "strop/tiny-random", "splits": {"eval-single": split(0.0, {"sqlErrors": 1.0})}},
+            "comparison": {"eval-single": {"baseline": 0.0, "model": 0.5, "delta": 0.5, "mcnemarP": 0.5,
+                                           "baselineOnly": 0, "modelOnly": 1}}}
+
+
 @contextmanager
 def ui_server(token: str | None = None, host: str = "127.0.0.1"):
     from strop.ui.server import make_server

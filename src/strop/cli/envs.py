@@ -215,8 +215,12 @@ def _eval(args) -> int:
                                            "mcnemarP": mcnemar_exact(only_a, only_b), "baselineOnly": only_a,
                                            "modelOnly": only_b}
 
+    # kept for `strop ui` (its evaluations page shows pass@1, rubrics and headroom per split)
+    from strop.control.env_evals import save
+    report["envEvalId"] = save({"env": args.name, **report})
+
     def show(r):
-        lines = []
+        lines = [f"{r['envEvalId']} (shown in `strop ui`)"]
         for who in ([r["baseline"]] if "baseline" in r else []) + [r]:
             lines.append(f"{args.name}: {who['model']}")
             for split, s in who["splits"].items():

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from strop.report.figures import A_COLOR, B_COLOR, TIE_COLOR, new_figure, save_png
+from strop.report.panels import confusion, score_name, sorted_deltas, titles
 from strop.report.scores import EXACT, JUDGE, ScoreView, labels, score_view, summary_rows
 
 
@@ -46,23 +47,23 @@ def dashboard_figure(comparison: dict):
     """The dashboard as a matplotlib Figure (for callers that embed it, e.g. the HTML report)."""
     view = score_view(comparison)
     names = labels(comparison)
-    suffix = "" if view.source == JUDGE else f"\n({view.source})"
+    title = titles(view, names, "\n")   # the app shows the same titles (strop.report.panels)
     fig = new_figure(18, 15)
     grid = fig.add_gridspec(3, 3)
     fig.suptitle(f"{names[1]} vs {names[0]}: {comparison.get('comparisonId', '')}  (n = {comparison['n']})",
                  fontsize=15)
-    _donut(fig.add_subplot(grid[0, 0]), view, names, suffix)
-    _mean_bars(fig.add_subplot(grid[0, 1]), view, names, suffix)
-    _histograms(fig.add_subplot(grid[0, 2]), view, names, suffix)
-    _paired_dots(fig.add_subplot(grid[1, :2]), view, names, suffix)
-    _confusion(fig.add_subplot(grid[1, 2]), view, names, suffix)
-    _deltas(fig.add_subplot(grid[2, 0]), view, names, suffix)
+    _donut(fig.add_subplot(grid[0, 0]), view, names, title)
+    _mean_bars(fig.add_subplot(grid[0, 1]), view, names, title)
+    _histograms(fig.add_subplot(grid[0, 2]), view, names, title)
+    _paired_dots(fig.add_subplot(grid[1, :2]), view, names, title)
+    _confusion(fig.add_subplot(grid[1, 2]), view, names, title)
+    _deltas(fig.add_subplot(grid[2, 0]), view, names, title)
     _summary(fig.add_subplot(grid[2, 1:]), comparison, view, names)
     return fig
 
 
-def _donut(ax, view: ScoreView, names, suffix: str) -> None:
-    ax.set_title(f"Head-to-head: {names[1]} vs {names[0]}{suffix}")
+def _donut(ax, view: ScoreView, names, title: dict) -> None:
+    ax.set_title(title["head-to-head"])
     counts = [view.wins["bWins"], view.wins["ties"], view.wins["aWins"]]
     if sum(counts) == 0:
         _nothing_scored(ax)
@@ -76,8 +77,8 @@ def _donut(ax, view: ScoreView, names, suffix: str) -> None:
     ax.set_aspect("equal")
 
 
-def _mean_bars(ax, view: ScoreView, names, suffix: str) -> None:
-    ax.set_title(f"Mean {'judge score' if view.source == JUDGE else 'score'} per metric{suffix}")
+def _mean_bars(ax, view: ScoreView, names, title: dict) -> None:
+    ax.set_title(title["means"])
     keys = [*view.metrics, "combined"] if view.source == JUDGE else [EXACT]
     x = np.arange(len(keys))
     for offset, side, name, color in ((-0.2, "a", names[0], A_COLOR), (0.2, "b", names[1], B_COLOR)):
@@ -88,8 +89,8 @@ def _mean_bars(ax, view: ScoreView, names, suffix: str) -> None:
     ax.legend()
 
 
-def _histograms(ax, view: ScoreView, names, suffix: str) -> None:
-    ax.set_title(f"Distribution of {_score_name(view)}s{suffix}")
+def _histograms(ax, view: ScoreView, names, title: dict) -> None:
+    ax.set_title(title["histogram"])
     lo, hi = view.ranges["combined"]
     if float(lo).is_integer() and float(hi).is_integer() and hi - lo <= 40:
         bins = np.arange(lo - 0.5, hi + 1.5)
@@ -99,13 +100,13 @@ def _histograms(ax, view: ScoreView, names, suffix: str) -> None:
         ax.hist(view.combined(side), bins=bins, alpha=0.55, color=color, label=name, edgecolor="white")
     if view.source != JUDGE:
         ax.set_xticks([0, 1], ["wrong", "right"])
-    ax.set_xlabel(_score_name(view))
+    ax.set_xlabel(score_name(view))
     ax.set_ylabel("items")
     ax.legend()
 
 
-def _paired_dots(ax, view: ScoreView, names, suffix: str) -> None:
-    ax.set_title(f"Per-problem {_score_name(view)}{suffix}")
+def _paired_dots(ax, view: ScoreView, names, title: dict) -> None:
+    ax.set_title(title["paired"])
     a, b = np.array(view.combined("a")), np.array(view.combined("b"))
     x = np.arange(len(a))
     colors = [B_COLOR if bb > aa else A_COLOR if aa > bb else TIE_COLOR for aa, bb in zip(a, b)]
@@ -119,28 +120,15 @@ def _paired_dots(ax, view: ScoreView, names, suffix: str) -> None:
     if len(x) <= 40:
         ax.set_xticks(x, [str(item.index) for item in view.items], fontsize=8)
     ax.set_xlabel("problem (item index)")
-    ax.set_ylabel(_score_name(view))
+    ax.set_ylabel(score_name(view))
     ax.legend()
 
 
-def _confusion(ax, view: ScoreView, names, suffix: str) -> None:
-    metric = view.metrics[0]
-    a, b = view.scores("a", metric), view.scores("b", metric)
-    if view.source == JUDGE:
-        ax.set_title(f"Confusion: {metric.replace('_', ' ')}{suffix}")
-        lo, hi = view.ranges[metric]
-        if float(lo).is_integer() and float(hi).is_integer() and hi - lo <= 20:
-            levels = [float(v) for v in range(int(lo), int(hi) + 1)]
-        else:
-            levels = sorted(set(a) | set(b))
-        ticks = [f"{v:g}" for v in levels]
-    else:
-        ax.set_title(f"Confusion: correct / incorrect{suffix}")
-        levels, ticks = [0.0, 1.0], ["incorrect", "correct"]
-    where = {v: i for i, v in enumerate(levels)}
-    counts = np.zeros((len(levels), len(levels)), dtype=int)
-    for sa, sb in zip(a, b):
-        counts[where[sa], where[sb]] += 1
+def _confusion(ax, view: ScoreView, names, title: dict) -> None:
+    ax.set_title(title["confusion"])
+    levels, counts = confusion(view)
+    ticks = [f"{v:g}" for v in levels] if view.source == JUDGE else ["incorrect", "correct"]
+    counts = np.array(counts, dtype=int)
     ax.imshow(counts, cmap="Blues", origin="lower", aspect="auto")
     for (row, col), count in np.ndenumerate(counts):
         ax.text(col, row, str(count), ha="center", va="center", fontsize=10,
@@ -151,9 +139,9 @@ def _confusion(ax, view: ScoreView, names, suffix: str) -> None:
     ax.set_ylabel(f"{names[0]} score")
 
 
-def _deltas(ax, view: ScoreView, names, suffix: str) -> None:
-    ax.set_title(f"Per-problem delta ({names[1]} - {names[0]}){suffix}")
-    deltas = sorted(((item.b["combined"] - item.a["combined"], item.index) for item in view.items))
+def _deltas(ax, view: ScoreView, names, title: dict) -> None:
+    ax.set_title(title["deltas"])
+    deltas = sorted_deltas(view)
     if not deltas:
         _nothing_scored(ax)
         return
@@ -166,7 +154,7 @@ def _deltas(ax, view: ScoreView, names, suffix: str) -> None:
         ax.set_yticks(y, [f"#{index}" for _, index in deltas], fontsize=8)
     else:
         ax.set_yticks([])
-    ax.set_xlabel(f"{_score_name(view)} delta")
+    ax.set_xlabel(f"{score_name(view)} delta")
 
 
 def _summary(ax, comparison: dict, view: ScoreView, names) -> None:
@@ -184,10 +172,6 @@ def _summary(ax, comparison: dict, view: ScoreView, names) -> None:
             cell.set_text_props(weight="bold")
         if col == 0 and row > 0:
             cell.set_text_props(ha="left")
-
-
-def _score_name(view: ScoreView) -> str:
-    return "combined score" if view.source == JUDGE else "exact-match score"
 
 
 def _nothing_scored(ax) -> None:

@@ -10,7 +10,9 @@
     GET  /api/models, /api/projects            tuned models with lineage; project names
     GET  /api/evaluations                      the newest evaluations
     GET  /api/evaluations/EVAL                 one evaluation with its per-item rows (at most MAX_ITEMS)
-    GET  /api/compare?a=EVAL&b=EVAL            two finished evaluations side by side, with the statistics
+    GET  /api/env-evals, /api/env-evals/ID     `strop envs eval` reports: pass@1, rubrics, headroom per split
+    GET  /api/compare?a=EVAL&b=EVAL            two finished evaluations side by side, with the statistics and
+                                               the dashboard's panels as data (strop.report.panels)
     POST /api/sample {model, prompt, maxTokens, temperature}   one reply from a base or tuned model
 
 Each returns (HTTP status, JSON-able payload); a StropError becomes a 4xx with its message.
@@ -22,10 +24,11 @@ import json
 import math
 import re
 
-from strop.control import evaluations, folder_runs, models, projects, run_view, runs
+from strop.control import env_evals, evaluations, folder_runs, models, projects, run_view, runs
 from strop.control.run_view import tail
 from strop.errors import StropError
 from strop.paths import strop_home
+from strop.report.panels import dashboard_panels
 from strop.ui.rollouts import MAX_PAGE, RolloutQuery, index_for
 
 RUN_ID = re.compile(r"run-[0-9a-f]{8}")
@@ -53,8 +56,16 @@ def handle(method: str, parts: list[str], query: dict[str, str], body: bytes = b
         report = evaluations.report(_eval_id(parts[1]), items=True)
         report["itemsShown"], report["items"] = min(len(report["items"]), MAX_ITEMS), report["items"][:MAX_ITEMS]
         return 200, report
+    if parts == ["env-evals"] and method == "GET":
+        return 200, {"envEvals": env_evals.list_all()}
+    if len(parts) == 2 and parts[0] == "env-evals" and method == "GET":
+        if not env_evals.ID.fullmatch(parts[1]):
+            raise BadRequest(f"{parts[1][:60]!r} is not an env-eval id (envEval- and 8 hex digits)")
+        return 200, env_evals.get(parts[1])
     if parts == ["compare"] and method == "GET":
-        return 200, evaluations.compare_evaluations(_eval_id(query.get("a", "")), _eval_id(query.get("b", "")))
+        compared = evaluations.compare_evaluations(_eval_id(query.get("a", "")), _eval_id(query.get("b", "")))
+        compared["dashboard"] = dashboard_panels(compared)   # the static dashboard's panels, as data to draw
+        return 200, compared
     if len(parts) >= 2 and parts[0] == "runs":
         return _run(method, parts[1], parts[2:], query)
     return 404, {"error": f"no endpoint {method} /api/{'/'.join(parts)[:100]}"}

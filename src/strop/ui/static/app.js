@@ -208,6 +208,7 @@ function route() {
   else if (parts[0] === "models") shown(modelsPage(main), main);
   else if (parts[0] === "evaluations") shown(stropEvals.listPage(main), main);
   else if (parts[0] === "evaluation" && parts[1]) shown(stropEvals.onePage(main, parts[1]), main);
+  else if (parts[0] === "env-eval" && parts[1]) shown(stropEvals.envEvalPage(main, parts[1]), main);
   else if (parts[0] === "compare" && parts[2]) shown(stropEvals.comparePage(main, parts[1], parts[2]), main);
   else runsPage(main, params);
 }
