@@ -50,6 +50,7 @@ SESSION_IDLE_S = 600.0          # no heartbeat nor request for this long: the se
 MAX_SAMPLES = 128               # num_samples in one sampling request
 SAMPLE_GATHER_S = 0.02          # the worker batches sampling requests until none has arrived for this long,
 SAMPLE_GATHER_MAX_S = 0.25      # or for at most this long
+QUEUED_BYTES_PER_KEY = 256 << 20   # request data (forward_backward bodies) one key may have waiting to run
 FAILED_RESOLVE_S = 60.0         # a base model that could not be resolved is refused this long without a retry
 
 
@@ -125,11 +126,14 @@ class Job:
     future: FutureRecord
     run: Callable[[], Any]
     sample: dict | None = None     # a sampling job: {"sampler": Sampler, "prompt": [...], ...}
+    holder: str = ""               # whose queued-bytes budget it counts against
+    cost: int = 0                  # bytes of request data it holds until it has run
 
 
 class TinkerService:
     def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_checkpoint=None,
-                 log=None, start_worker: bool = True, resolve_model=None):
+                 log=None, start_worker: bool = True, resolve_model=None,
+                 queued_bytes_per_key: int = QUEUED_BYTES_PER_KEY):
         """`start_worker=False`: the caller runs `work()` itself, on the thread that should do the computing
         (`strop serve-tinker` uses the main thread). Every torch computation of the server runs on the worker:
         a second thread that runs torch gets an OpenMP team of its own, and with more OpenMP threads than cores
@@ -151,6 +155,8 @@ class TinkerService:
         self.samples: deque[Job] = deque()
         self.sample_batches: deque[int] = deque(maxlen=1000)   # requests per sampling batch, for the curious
         self._order: deque[str] = deque()          # sessions with queued jobs, in turn order
+        self.queued_bytes_per_key = queued_bytes_per_key
+        self.queued_bytes: dict[str, int] = {}     # quota holder -> bytes of request data its queued jobs hold
         self._model_info: dict[str, dict] = {}
         # where base models come from (default strop.models.resolve_model, which may download for minutes): it
         # runs on these threads, never on the event loop; a failure is remembered for FAILED_RESOLVE_S
@@ -255,14 +261,26 @@ class TinkerService:
                 pass
 
     # ---- jobs ----------------------------------------------------------------------------------------
-    def submit(self, session: Session, kind: str, run: Callable[[], Any], *, sample: dict | None = None) -> str:
+    def submit(self, session: Session, kind: str, run: Callable[[], Any], *, sample: dict | None = None,
+               cost: int = 0) -> str:
+        """`cost`: the bytes of request data the job holds while it waits (counted against the session's quota
+        holder until it has run)."""
+        holder = session.holder or session.owner
+        with self.lock:
+            held = self.queued_bytes.get(holder, 0)
+            if cost and held + cost > self.queued_bytes_per_key:
+                raise WireError(f"{_whose(session.owner, holder)} has {held >> 20} MiB of requests waiting and this "
+                                f"one adds {cost >> 20} MiB, over its {self.queued_bytes_per_key >> 20} MiB budget "
+                                "(strop serve-tinker --queued-mib-per-key); wait for results before sending more",
+                                status=429)
         record = self.new_future(session.owner, kind)
-        job = Job(session.id, record, run, sample)
+        job = Job(session.id, record, run, sample, holder=holder, cost=cost)
         with self.lock:
             if len(session.jobs) + sum(1 for j in self.samples if j.session_id == session.id) >= MAX_QUEUED:
                 self.futures.pop(record.id, None)
                 raise WireError(f"session {session.id} has {MAX_QUEUED} requests waiting; wait for some results",
                                 status=429)
+            self.queued_bytes[holder] = self.queued_bytes.get(holder, 0) + cost
             if sample is not None:
                 self.samples.append(job)
             else:
@@ -318,6 +336,11 @@ class TinkerService:
             self._complete(job.future, error=f"{type(exc).__name__}: {exc}", category="server")
         else:
             self._complete(job.future, payload=result)
+        if job.cost:
+            with self.lock:
+                self.queued_bytes[job.holder] -= job.cost
+                if self.queued_bytes[job.holder] <= 0:
+                    del self.queued_bytes[job.holder]
         if self.log is not None:
             self.log(f"{job.future.kind} {job.session_id} {time.perf_counter() - started:.2f} s"
                      + (f" error: {job.future.error[:200]}" if job.future.error else ""))
