@@ -731,3 +731,20 @@ def test_a_keys_queued_request_bytes_are_bounded(tmp_path):
         service.submit(alice, "ForwardBackward", lambda: b"ok", cost=400)   # ... and frees her budget
     finally:
         service.close()
+
+
+def test_a_keys_unread_results_are_bounded_oldest_evicted_with_a_clear_error(tmp_path):
+    service = TinkerService(tmp_path / "results", start_worker=False, result_bytes_per_key=1000)
+    try:
+        alice, bob = (service.create_session(owner, [], None) for owner in ("alice", "bob"))
+        ids = [service.submit(alice, "Sample", lambda: b"x" * 400) for _ in range(3)]
+        other = service.submit(bob, "Sample", lambda: b"y" * 900)
+        for _ in range(4):
+            service._run(service._next_training_job())
+        oldest = service.future(ids[0], "alice")
+        assert oldest.payload is None and "evicted unread" in oldest.error and "--results-mib-per-key" in oldest.error
+        assert [service.future(i, "alice").payload for i in ids[1:]] == [b"x" * 400] * 2   # 800 B: kept
+        assert service.future(other, "bob").payload == b"y" * 900         # another key's budget is its own
+        assert service.result_bytes == {"alice": 800, "bob": 900}
+    finally:
+        service.close()

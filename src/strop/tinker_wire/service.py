@@ -51,6 +51,7 @@ MAX_SAMPLES = 128               # num_samples in one sampling request
 SAMPLE_GATHER_S = 0.02          # the worker batches sampling requests until none has arrived for this long,
 SAMPLE_GATHER_MAX_S = 0.25      # or for at most this long
 QUEUED_BYTES_PER_KEY = 256 << 20   # request data (forward_backward bodies) one key may have waiting to run
+RESULT_BYTES_PER_KEY = 512 << 20   # finished results one key's requests hold; past it the oldest are evicted
 FAILED_RESOLVE_S = 60.0         # a base model that could not be resolved is refused this long without a retry
 
 
@@ -73,6 +74,7 @@ class FutureRecord:
     error: str | None = None
     category: str = "user"
     read_at: float | None = None
+    size: int = 0                  # bytes its payload holds, counted against its owner's result budget
     waiters: list = field(default_factory=list)
 
 
@@ -133,7 +135,8 @@ class Job:
 class TinkerService:
     def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_checkpoint=None,
                  log=None, start_worker: bool = True, resolve_model=None,
-                 queued_bytes_per_key: int = QUEUED_BYTES_PER_KEY):
+                 queued_bytes_per_key: int = QUEUED_BYTES_PER_KEY,
+                 result_bytes_per_key: int = RESULT_BYTES_PER_KEY):
         """`start_worker=False`: the caller runs `work()` itself, on the thread that should do the computing
         (`strop serve-tinker` uses the main thread). Every torch computation of the server runs on the worker:
         a second thread that runs torch gets an OpenMP team of its own, and with more OpenMP threads than cores
@@ -157,6 +160,8 @@ class TinkerService:
         self._order: deque[str] = deque()          # sessions with queued jobs, in turn order
         self.queued_bytes_per_key = queued_bytes_per_key
         self.queued_bytes: dict[str, int] = {}     # quota holder -> bytes of request data its queued jobs hold
+        self.result_bytes_per_key = result_bytes_per_key
+        self.result_bytes: dict[str, int] = {}     # owner -> bytes its kept results hold
         self._model_info: dict[str, dict] = {}
         # where base models come from (default strop.models.resolve_model, which may download for minutes): it
         # runs on these threads, never on the event loop; a failure is remembered for FAILED_RESOLVE_S
@@ -228,7 +233,7 @@ class TinkerService:
                 if old is not None and not old.done:
                     raise WireError(f"{MAX_FUTURES} requests of this API key are unfinished; wait for some",
                                     status=429)
-                self.futures.pop(kept.popleft(), None)
+                self._forget(kept.popleft())
             kept.append(record.id)
             self.futures[record.id] = record
         return record
@@ -240,6 +245,25 @@ class TinkerService:
             raise WireError(f"no request {str(future_id)[:48]!r} for this API key (unknown, another key's, or its "
                             "result was already dropped)", status=404)
         return record
+
+    def _forget(self, future_id: str) -> None:
+        record = self.futures.pop(future_id, None)
+        if record is not None and record.size:
+            self.result_bytes[record.owner] -= record.size
+
+    def _evict_results(self, owner: str) -> None:
+        """Past the owner's result budget, its oldest kept results lose their payload (a read of one says so)."""
+        for future_id in self.owner_futures.get(owner, ()):
+            if self.result_bytes.get(owner, 0) <= self.result_bytes_per_key:
+                return
+            old = self.futures.get(future_id)
+            if old is None or not old.size:
+                continue
+            self.result_bytes[owner] -= old.size
+            old.payload, old.size, old.category = None, 0, "user"
+            old.error = (f"the result of {old.kind} {old.id} was evicted unread: this API key's kept results passed "
+                         f"their {self.result_bytes_per_key >> 20} MiB budget (strop serve-tinker "
+                         "--results-mib-per-key); read results as they finish, or resend the request")
 
     def add_waiter(self, record: FutureRecord, loop: asyncio.AbstractEventLoop, waiter: asyncio.Future) -> None:
         with self.lock:
@@ -253,6 +277,10 @@ class TinkerService:
             if record.done:
                 return            # answered already (the server stopped while it ran): the first answer stands
             record.payload, record.error, record.category, record.done = payload, error, category, True
+            if isinstance(payload, bytes):
+                record.size = len(payload)
+                self.result_bytes[record.owner] = self.result_bytes.get(record.owner, 0) + record.size
+                self._evict_results(record.owner)
             waiters, record.waiters = record.waiters, []
         for loop, waiter in waiters:
             try:
@@ -402,7 +430,7 @@ class TinkerService:
             for fid, record in list(self.futures.items()):
                 if record.done and ((record.read_at and now - record.read_at > READ_RESULT_TTL_S)
                                     or now - record.created > RESULT_TTL_S):
-                    self.futures.pop(fid, None)
+                    self._forget(fid)
 
     def close(self, reason: str = "the server stopped before this request finished; start it again and resend "
                                    "the request") -> None:
