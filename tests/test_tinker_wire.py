@@ -748,3 +748,24 @@ def test_a_keys_unread_results_are_bounded_oldest_evicted_with_a_clear_error(tmp
         assert service.result_bytes == {"alice": 800, "bob": 900}
     finally:
         service.close()
+
+
+def test_sampling_batches_take_the_keys_in_turn_up_to_a_token_budget(tmp_path):
+    from strop.tinker_wire.codec import WireError
+    service = TinkerService(tmp_path / "fair", start_worker=False, sample_batch_tokens=1000,
+                            queued_tokens_per_key=3000)
+    try:
+        alice, bob = (service.create_session(owner, [], None) for owner in ("alice", "bob"))
+        big = [service.submit(alice, "Sample", lambda: b"a", sample={}, tokens=1000) for _ in range(3)]
+        with pytest.raises(WireError, match="--queued-tokens-per-key") as refused:
+            service.submit(alice, "Sample", lambda: b"a", sample={}, tokens=1)
+        assert refused.value.status == 429
+        small = service.submit(bob, "Sample", lambda: b"b", sample={}, tokens=1)
+        batches = []
+        while service.samples:
+            with service.lock:
+                batches.append([job.future.id for job in service._take_samples()])
+        # bob's 1-token request comes in the second batch (after one of alice's), not after all three of hers
+        assert batches == [[big[0]], [big[1], small], [big[2]]] or batches == [[big[0]], [small], [big[1]], [big[2]]]
+    finally:
+        service.close()

@@ -46,6 +46,13 @@ def register(nouns) -> None:
     p.add_argument("--results-mib-per-key", type=int, default=512, metavar="MIB",
                    help="finished results one API key's requests may hold on the server, in MiB; past it the "
                         "oldest are evicted and reading one says so (default: %(default)s)")
+    p.add_argument("--queued-tokens-per-key", type=int, default=1 << 19, metavar="N",
+                   help="sampled tokens (num_samples x max_tokens) one API key may have waiting; over it a 429 "
+                        "(default: %(default)s)")
+    p.add_argument("--sample-batch-tokens", type=int, default=8192, metavar="N",
+                   help="sampled tokens one sampling batch takes, the keys' requests in turn: a newcomer waits for "
+                        "one batch, not another key's whole queue; smaller is fairer, larger batches more "
+                        "(default: %(default)s)")
     p.add_argument("--log-jobs", action="store_true",
                    help="print a line per job run (kind, session, seconds) and per sampling batch, on stderr")
     p.set_defaults(handler=run)
@@ -93,7 +100,9 @@ def run(args) -> int:
     service = TinkerService(strop_home() / "tinker", dtype=args.dtype, log=log, start_worker=False,
                             register_checkpoint=register_checkpoint,
                             queued_bytes_per_key=max(1, args.queued_mib_per_key) << 20,
-                            result_bytes_per_key=max(1, args.results_mib_per_key) << 20)
+                            result_bytes_per_key=max(1, args.results_mib_per_key) << 20,
+                            queued_tokens_per_key=max(1, args.queued_tokens_per_key),
+                            sample_batch_tokens=max(1, args.sample_batch_tokens))
     server = TinkerServer(make_tinker_app(service, api_keys=keys, open_mode=keys is None), host=args.host,
                           port=args.port).start()
     print(f"strop: tinker API at {server.url}  (TINKER_BASE_URL={server.url}; checkpoints under "

@@ -549,7 +549,8 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
                                    for row, seq in zip(rows, response.sequences)]
                 return codec.write_sample_response(response, lps, prompt_topk=prompt_topk, sample_topk=sample_topk)
             return finish
-        future_id = service.submit(session, "Sample", run, sample={"sampler": sampler.id})
+        future_id = service.submit(session, "Sample", run, sample={"sampler": sampler.id},
+                                   tokens=req.num_samples * max_tokens)
         ids = [f"{future_id}:{i}" for i in range(num)]
         if req.seq_id is not None:
             _remember(sampler.seq_futures, req.seq_id, (future_id, ids))
