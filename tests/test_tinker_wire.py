@@ -687,3 +687,85 @@ def test_run_folders_without_checkpoints_of_sessions_gone_are_reaped(tmp_path):
             sorted(["sgone:train:1", f"{live.id}:train:0"])
     finally:
         service.close()
+
+
+def fb_body(loss_fn: str, inputs: dict, tokens: list[int]) -> bytes:
+    from tinker.proto import tinker_public_pb2 as pb
+    msg = pb.ForwardBackwardRequest(model_id="m", seq_id=1, loss_fn=loss_fn)
+    datum = msg.data.add()
+    datum.model_input.add().encoded_text.tokens = np.asarray(tokens, np.int32).tobytes()
+    for name, values in inputs.items():
+        tensor = datum.loss_fn_inputs[name]
+        tensor.dtype, tensor.shape[:] = 1, [len(values)]
+        tensor.dense = np.asarray(values, np.float32).tobytes()
+    return msg.SerializeToString()
+
+
+def test_made_up_loss_inputs_are_refused_and_tensors_kept_compact():
+    from strop.tinker_wire import codec
+    limits = dict(vocab_size=100, max_tokens=10_000, max_datums=8)
+    with pytest.raises(codec.WireError, match=r"loss_fn_inputs\['junk'\] is not an input of loss_fn "
+                                              r"'cross_entropy'; it takes target_tokens, weights"):
+        codec.read_forward_backward(fb_body("cross_entropy", {"weights": [1.0] * 3, "junk": [0.5] * 5000},
+                                            [1, 2, 3]), **limits)
+    _, _, data, *_ = codec.read_forward_backward(
+        fb_body("importance_sampling", {"logprobs": [-0.5] * 3000, "advantages": [1.0] * 3000}, [1] * 3000),
+        **limits)
+    logprobs = data[0].loss_fn_inputs["logprobs"]
+    assert isinstance(logprobs.data, np.ndarray) and logprobs.data.dtype == np.float32
+    assert logprobs.data.nbytes == 4 * 3000 and float(logprobs.to_torch()[0]) == -0.5
+
+
+def test_a_keys_queued_request_bytes_are_bounded(tmp_path):
+    from strop.tinker_wire.codec import WireError
+    service = TinkerService(tmp_path / "bytes", start_worker=False, queued_bytes_per_key=1000)
+    try:
+        alice, bob = (service.create_session(owner, [], None) for owner in ("alice", "bob"))
+        first = service.submit(alice, "ForwardBackward", lambda: b"ok", cost=700)
+        with pytest.raises(WireError, match="700 B|over its") as refused:
+            service.submit(alice, "ForwardBackward", lambda: b"ok", cost=400)
+        assert refused.value.status == 429 and "--queued-mib-per-key" in str(refused.value)
+        service.submit(bob, "ForwardBackward", lambda: b"ok", cost=900)      # another key has its own budget
+        service._run(service._next_training_job())                            # alice's first job runs ...
+        assert service.future(first, "alice").done
+        service.submit(alice, "ForwardBackward", lambda: b"ok", cost=400)   # ... and frees her budget
+    finally:
+        service.close()
+
+
+def test_a_keys_unread_results_are_bounded_oldest_evicted_with_a_clear_error(tmp_path):
+    service = TinkerService(tmp_path / "results", start_worker=False, result_bytes_per_key=1000)
+    try:
+        alice, bob = (service.create_session(owner, [], None) for owner in ("alice", "bob"))
+        ids = [service.submit(alice, "Sample", lambda: b"x" * 400) for _ in range(3)]
+        other = service.submit(bob, "Sample", lambda: b"y" * 900)
+        for _ in range(4):
+            service._run(service._next_training_job())
+        oldest = service.future(ids[0], "alice")
+        assert oldest.payload is None and "evicted unread" in oldest.error and "--results-mib-per-key" in oldest.error
+        assert [service.future(i, "alice").payload for i in ids[1:]] == [b"x" * 400] * 2   # 800 B: kept
+        assert service.future(other, "bob").payload == b"y" * 900         # another key's budget is its own
+        assert service.result_bytes == {"alice": 800, "bob": 900}
+    finally:
+        service.close()
+
+
+def test_sampling_batches_take_the_keys_in_turn_up_to_a_token_budget(tmp_path):
+    from strop.tinker_wire.codec import WireError
+    service = TinkerService(tmp_path / "fair", start_worker=False, sample_batch_tokens=1000,
+                            queued_tokens_per_key=3000)
+    try:
+        alice, bob = (service.create_session(owner, [], None) for owner in ("alice", "bob"))
+        big = [service.submit(alice, "Sample", lambda: b"a", sample={}, tokens=1000) for _ in range(3)]
+        with pytest.raises(WireError, match="--queued-tokens-per-key") as refused:
+            service.submit(alice, "Sample", lambda: b"a", sample={}, tokens=1)
+        assert refused.value.status == 429
+        small = service.submit(bob, "Sample", lambda: b"b", sample={}, tokens=1)
+        batches = []
+        while service.samples:
+            with service.lock:
+                batches.append([job.future.id for job in service._take_samples()])
+        # bob's 1-token request comes in the second batch (after one of alice's), not after all three of hers
+        assert batches == [[big[0]], [big[1], small], [big[2]]] or batches == [[big[0]], [small], [big[1]], [big[2]]]
+    finally:
+        service.close()

@@ -40,6 +40,19 @@ def register(nouns) -> None:
                         "needed to serve other machines without --api-key-env")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="what training computes in (default: %(default)s, bf16 where the CPU or GPU has it)")
+    p.add_argument("--queued-mib-per-key", type=int, default=256, metavar="MIB",
+                   help="request data (forward_backward bodies) one API key may have waiting to run, in MiB; a "
+                        "request over it is answered 429 until earlier ones ran (default: %(default)s)")
+    p.add_argument("--results-mib-per-key", type=int, default=512, metavar="MIB",
+                   help="finished results one API key's requests may hold on the server, in MiB; past it the "
+                        "oldest are evicted and reading one says so (default: %(default)s)")
+    p.add_argument("--queued-tokens-per-key", type=int, default=1 << 19, metavar="N",
+                   help="sampled tokens (num_samples x max_tokens) one API key may have waiting; over it a 429 "
+                        "(default: %(default)s)")
+    p.add_argument("--sample-batch-tokens", type=int, default=8192, metavar="N",
+                   help="sampled tokens one sampling batch takes, the keys' requests in turn: a newcomer waits for "
+                        "one batch, not another key's whole queue; smaller is fairer, larger batches more "
+                        "(default: %(default)s)")
     p.add_argument("--log-jobs", action="store_true",
                    help="print a line per job run (kind, session, seconds) and per sampling batch, on stderr")
     p.set_defaults(handler=run)
@@ -85,7 +98,11 @@ def run(args) -> int:
     from strop.tinker_wire.service import TinkerService
     log = (lambda line: print(f"strop serve-tinker: {line}", file=sys.stderr, flush=True)) if args.log_jobs else None
     service = TinkerService(strop_home() / "tinker", dtype=args.dtype, log=log, start_worker=False,
-                            register_checkpoint=register_checkpoint)
+                            register_checkpoint=register_checkpoint,
+                            queued_bytes_per_key=max(1, args.queued_mib_per_key) << 20,
+                            result_bytes_per_key=max(1, args.results_mib_per_key) << 20,
+                            queued_tokens_per_key=max(1, args.queued_tokens_per_key),
+                            sample_batch_tokens=max(1, args.sample_batch_tokens))
     server = TinkerServer(make_tinker_app(service, api_keys=keys, open_mode=keys is None), host=args.host,
                           port=args.port).start()
     print(f"strop: tinker API at {server.url}  (TINKER_BASE_URL={server.url}; checkpoints under "

@@ -288,12 +288,12 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         model = service.model(model_id, who)
         info = service.model_info(model.base_model)
         _, seq_id, data, loss_fn, config, forward_only = codec.read_forward_backward(
-            raw, vocab_size=info["vocab_size"], max_tokens=info["context"], max_datums=MAX_DATUMS)
+            raw, vocab_size=info["vocab_size"], max_tokens=info["context"], max_datums=MAX_DATUMS,
+            check_loss=_check_loss)
         total = sum(d.model_input.length for d in data)
         if total > MAX_REQUEST_TOKENS:
             raise WireError(f"{total} tokens in one forward_backward request; this server takes at most "
                             f"{MAX_REQUEST_TOKENS} (split the batch into several calls)", 413)
-        _check_loss(loss_fn, config)
         if seq_id and seq_id in model.seq_futures:
             return future_reply(model.seq_futures[seq_id], model_id=model.id)
         session = service.session(model.session_id, who)
@@ -303,7 +303,7 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
             call = client.forward if forward_only else client.forward_backward
             output = call(data, loss_fn=loss_fn, loss_fn_config=config or None).result()
             return codec.write_forward_backward_output(output)
-        future_id = service.submit(session, "Forward" if forward_only else "ForwardBackward", run)
+        future_id = service.submit(session, "Forward" if forward_only else "ForwardBackward", run, cost=len(raw))
         _remember(model.seq_futures, seq_id, future_id)
         return future_reply(future_id, model_id=model.id)
 
@@ -549,7 +549,8 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
                                    for row, seq in zip(rows, response.sequences)]
                 return codec.write_sample_response(response, lps, prompt_topk=prompt_topk, sample_topk=sample_topk)
             return finish
-        future_id = service.submit(session, "Sample", run, sample={"sampler": sampler.id})
+        future_id = service.submit(session, "Sample", run, sample={"sampler": sampler.id},
+                                   tokens=req.num_samples * max_tokens)
         ids = [f"{future_id}:{i}" for i in range(num)]
         if req.seq_id is not None:
             _remember(sampler.seq_futures, req.seq_id, (future_id, ids))

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from strop.engine.losses import LOSSES
 from strop.types import Datum, EncodedTextChunk, ModelInput, TensorData
 
 
@@ -26,6 +27,7 @@ class WireError(ValueError):
         self.status = status
 
 
+LOSS_INPUTS = {name: loss.inputs for name, loss in LOSSES.items()}   # the loss_fn_inputs names each loss takes
 TOPK_MASK_LOGPROB = -99999.0   # the SDK's filler for a top-k slot with no token (tinker.types.topk_logprobs)
 
 
@@ -101,8 +103,17 @@ def _tokens(chunks, where: str, vocab_size: int, max_tokens: int) -> list[int]:
     return tokens
 
 
-def read_forward_backward(body: bytes, *, vocab_size: int, max_tokens: int, max_datums: int):
-    """(model_id, seq_id, data, loss_fn, loss_fn_config, forward_only) from a ForwardBackwardRequest body."""
+def _compact(values: np.ndarray, dtype) -> np.ndarray:
+    """A flat, read-only numpy copy: 4 or 8 bytes a value while queued (a tuple of Python floats took ~10x the
+    body's size), and not a view of the request body."""
+    array = np.array(values, dtype=dtype)
+    array.flags.writeable = False
+    return array
+
+
+def read_forward_backward(body: bytes, *, vocab_size: int, max_tokens: int, max_datums: int, check_loss=None):
+    """(model_id, seq_id, data, loss_fn, loss_fn_config, forward_only) from a ForwardBackwardRequest body;
+    `check_loss(loss_fn, config)` runs before any datum is read."""
     pb = proto()
     msg = pb.ForwardBackwardRequest()
     try:
@@ -116,12 +127,19 @@ def read_forward_backward(body: bytes, *, vocab_size: int, max_tokens: int, max_
     config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for key, value in msg.loss_fn_config_v2.items():
         config[key] = value.text if value.WhichOneof("value") == "text" else float(value.number)
+    if check_loss is not None:
+        check_loss(msg.loss_fn, config)
+    allowed = LOSS_INPUTS.get(msg.loss_fn)
     data = []
     for i, datum in enumerate(msg.data):
         where = f"datum {i}"
         tokens = _tokens(datum.model_input, f"{where} model_input", vocab_size, max_tokens)
         inputs = {}
         for name, tensor in datum.loss_fn_inputs.items():
+            if allowed is not None and name not in allowed:
+                # refused before its values are read: a made-up name would otherwise be held until the job ran
+                raise WireError(f"{where}: loss_fn_inputs[{name[:40]!r}] is not an input of loss_fn "
+                                f"{msg.loss_fn!r}; it takes {', '.join(allowed)}")
             values = _tensor(tensor, f"{where} loss_fn_inputs[{name!r}]", max_tokens)
             if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
                 raise WireError(f"{where} loss_fn_inputs[{name!r}] holds NaN or infinity")
@@ -129,10 +147,9 @@ def read_forward_backward(body: bytes, *, vocab_size: int, max_tokens: int, max_
                 values = values.astype(np.int64)
                 if values.size and (values.min() < 0 or values.max() >= vocab_size):
                     raise WireError(f"{where} target_tokens: an id is outside the model's vocabulary (0..{vocab_size - 1})")
-                inputs[name] = TensorData(data=tuple(values.tolist()), dtype="int64", shape=(values.size,))
+                inputs[name] = TensorData(data=_compact(values, np.int64), dtype="int64", shape=(values.size,))
             else:
-                values = values.astype(np.float32)
-                inputs[name] = TensorData(data=tuple(values.tolist()), dtype="float32", shape=(values.size,))
+                inputs[name] = TensorData(data=_compact(values, np.float32), dtype="float32", shape=(values.size,))
         data.append(Datum(model_input=ModelInput(chunks=(EncodedTextChunk(tokens=tokens),)), loss_fn_inputs=inputs))
     return msg.model_id, int(msg.seq_id), data, msg.loss_fn, config, bool(msg.forward_only)
 

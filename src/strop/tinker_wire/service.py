@@ -50,6 +50,10 @@ SESSION_IDLE_S = 600.0          # no heartbeat nor request for this long: the se
 MAX_SAMPLES = 128               # num_samples in one sampling request
 SAMPLE_GATHER_S = 0.02          # the worker batches sampling requests until none has arrived for this long,
 SAMPLE_GATHER_MAX_S = 0.25      # or for at most this long
+QUEUED_BYTES_PER_KEY = 256 << 20   # request data (forward_backward bodies) one key may have waiting to run
+RESULT_BYTES_PER_KEY = 512 << 20   # finished results one key's requests hold; past it the oldest are evicted
+SAMPLE_BATCH_TOKENS = 8192         # sampled tokens (num_samples x max_tokens) one sampling batch takes (>= 1 request)
+QUEUED_TOKENS_PER_KEY = 1 << 19    # sampled tokens one key may have waiting
 FAILED_RESOLVE_S = 60.0         # a base model that could not be resolved is refused this long without a retry
 
 
@@ -72,6 +76,7 @@ class FutureRecord:
     error: str | None = None
     category: str = "user"
     read_at: float | None = None
+    size: int = 0                  # bytes its payload holds, counted against its owner's result budget
     waiters: list = field(default_factory=list)
 
 
@@ -125,11 +130,17 @@ class Job:
     future: FutureRecord
     run: Callable[[], Any]
     sample: dict | None = None     # a sampling job: {"sampler": Sampler, "prompt": [...], ...}
+    holder: str = ""               # whose queued-bytes budget it counts against
+    cost: int = 0                  # bytes of request data it holds until it has run
+    tokens: int = 0                # tokens a sampling job will sample (num_samples x max_tokens)
 
 
 class TinkerService:
     def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_checkpoint=None,
-                 log=None, start_worker: bool = True, resolve_model=None):
+                 log=None, start_worker: bool = True, resolve_model=None,
+                 queued_bytes_per_key: int = QUEUED_BYTES_PER_KEY,
+                 result_bytes_per_key: int = RESULT_BYTES_PER_KEY,
+                 queued_tokens_per_key: int = QUEUED_TOKENS_PER_KEY, sample_batch_tokens: int = SAMPLE_BATCH_TOKENS):
         """`start_worker=False`: the caller runs `work()` itself, on the thread that should do the computing
         (`strop serve-tinker` uses the main thread). Every torch computation of the server runs on the worker:
         a second thread that runs torch gets an OpenMP team of its own, and with more OpenMP threads than cores
@@ -151,6 +162,13 @@ class TinkerService:
         self.samples: deque[Job] = deque()
         self.sample_batches: deque[int] = deque(maxlen=1000)   # requests per sampling batch, for the curious
         self._order: deque[str] = deque()          # sessions with queued jobs, in turn order
+        self.queued_bytes_per_key = queued_bytes_per_key
+        self.queued_bytes: dict[str, int] = {}     # quota holder -> bytes of request data its queued jobs hold
+        self.result_bytes_per_key = result_bytes_per_key
+        self.queued_tokens_per_key, self.sample_batch_tokens = queued_tokens_per_key, sample_batch_tokens
+        self._sample_turns: dict[str, int] = {}    # holder -> the turn its sampling request was last taken
+        self._turn = 0
+        self.result_bytes: dict[str, int] = {}     # owner -> bytes its kept results hold
         self._model_info: dict[str, dict] = {}
         # where base models come from (default strop.models.resolve_model, which may download for minutes): it
         # runs on these threads, never on the event loop; a failure is remembered for FAILED_RESOLVE_S
@@ -222,7 +240,7 @@ class TinkerService:
                 if old is not None and not old.done:
                     raise WireError(f"{MAX_FUTURES} requests of this API key are unfinished; wait for some",
                                     status=429)
-                self.futures.pop(kept.popleft(), None)
+                self._forget(kept.popleft())
             kept.append(record.id)
             self.futures[record.id] = record
         return record
@@ -234,6 +252,25 @@ class TinkerService:
             raise WireError(f"no request {str(future_id)[:48]!r} for this API key (unknown, another key's, or its "
                             "result was already dropped)", status=404)
         return record
+
+    def _forget(self, future_id: str) -> None:
+        record = self.futures.pop(future_id, None)
+        if record is not None and record.size:
+            self.result_bytes[record.owner] -= record.size
+
+    def _evict_results(self, owner: str) -> None:
+        """Past the owner's result budget, its oldest kept results lose their payload (a read of one says so)."""
+        for future_id in self.owner_futures.get(owner, ()):
+            if self.result_bytes.get(owner, 0) <= self.result_bytes_per_key:
+                return
+            old = self.futures.get(future_id)
+            if old is None or not old.size:
+                continue
+            self.result_bytes[owner] -= old.size
+            old.payload, old.size, old.category = None, 0, "user"
+            old.error = (f"the result of {old.kind} {old.id} was evicted unread: this API key's kept results passed "
+                         f"their {self.result_bytes_per_key >> 20} MiB budget (strop serve-tinker "
+                         "--results-mib-per-key); read results as they finish, or resend the request")
 
     def add_waiter(self, record: FutureRecord, loop: asyncio.AbstractEventLoop, waiter: asyncio.Future) -> None:
         with self.lock:
@@ -247,6 +284,10 @@ class TinkerService:
             if record.done:
                 return            # answered already (the server stopped while it ran): the first answer stands
             record.payload, record.error, record.category, record.done = payload, error, category, True
+            if isinstance(payload, bytes):
+                record.size = len(payload)
+                self.result_bytes[record.owner] = self.result_bytes.get(record.owner, 0) + record.size
+                self._evict_results(record.owner)
             waiters, record.waiters = record.waiters, []
         for loop, waiter in waiters:
             try:
@@ -255,14 +296,32 @@ class TinkerService:
                 pass
 
     # ---- jobs ----------------------------------------------------------------------------------------
-    def submit(self, session: Session, kind: str, run: Callable[[], Any], *, sample: dict | None = None) -> str:
+    def submit(self, session: Session, kind: str, run: Callable[[], Any], *, sample: dict | None = None,
+               cost: int = 0, tokens: int = 0) -> str:
+        """`cost`: the bytes of request data the job holds while it waits (counted against the session's quota
+        holder until it has run)."""
+        holder = session.holder or session.owner
+        with self.lock:
+            held = self.queued_bytes.get(holder, 0)
+            if cost and held + cost > self.queued_bytes_per_key:
+                raise WireError(f"{_whose(session.owner, holder)} has {held >> 20} MiB of requests waiting and this "
+                                f"one adds {cost >> 20} MiB, over its {self.queued_bytes_per_key >> 20} MiB budget "
+                                "(strop serve-tinker --queued-mib-per-key); wait for results before sending more",
+                                status=429)
+            waiting = sum(j.tokens for j in self.samples if j.holder == holder)
+            if tokens and waiting + tokens > self.queued_tokens_per_key:
+                raise WireError(f"{_whose(session.owner, holder)} has {waiting} sampled tokens waiting and this "
+                                f"request adds {tokens}, over its {self.queued_tokens_per_key} "
+                                "(strop serve-tinker --queued-tokens-per-key); wait for samples before sending more",
+                                status=429)
         record = self.new_future(session.owner, kind)
-        job = Job(session.id, record, run, sample)
+        job = Job(session.id, record, run, sample, holder=holder, cost=cost, tokens=tokens)
         with self.lock:
             if len(session.jobs) + sum(1 for j in self.samples if j.session_id == session.id) >= MAX_QUEUED:
                 self.futures.pop(record.id, None)
                 raise WireError(f"session {session.id} has {MAX_QUEUED} requests waiting; wait for some results",
                                 status=429)
+            self.queued_bytes[holder] = self.queued_bytes.get(holder, 0) + cost
             if sample is not None:
                 self.samples.append(job)
             else:
@@ -318,6 +377,11 @@ class TinkerService:
             self._complete(job.future, error=f"{type(exc).__name__}: {exc}", category="server")
         else:
             self._complete(job.future, payload=result)
+        if job.cost:
+            with self.lock:
+                self.queued_bytes[job.holder] -= job.cost
+                if self.queued_bytes[job.holder] <= 0:
+                    del self.queued_bytes[job.holder]
         if self.log is not None:
             self.log(f"{job.future.kind} {job.session_id} {time.perf_counter() - started:.2f} s"
                      + (f" error: {job.future.error[:200]}" if job.future.error else ""))
@@ -335,7 +399,7 @@ class TinkerService:
             seen = count
             time.sleep(SAMPLE_GATHER_S)
         with self.lock:
-            jobs, self.samples = list(self.samples), deque()
+            jobs = self._take_samples()
         self.sample_batches.append(len(jobs))
         if self.log is not None:
             self.log(f"sampling batch of {len(jobs)} request(s)")
@@ -347,6 +411,31 @@ class TinkerService:
                 self._complete(job.future, error=str(exc), category="user")
         for job, finish in pending:                  # the first result runs every queued request, batched
             self._run(Job(job.session_id, job.future, finish))
+
+    def _take_samples(self) -> list[Job]:
+        """The next sampling batch: the keys' waiting requests in turn (round robin, each key's own in order) up to
+        sample_batch_tokens (at least one request), so a key's queue is run a batch at a time and another key's
+        request waits for one batch, not for the whole queue."""
+        by_key: dict[str, deque] = {}
+        # the least recently served key first; sorted() is stable, so each key's requests stay in order
+        for job in sorted(self.samples, key=lambda j: self._sample_turns.get(j.holder, 0)):
+            by_key.setdefault(job.holder, deque()).append(job)
+        taken, tokens = [], 0
+        while by_key:
+            for holder in list(by_key):
+                job = by_key[holder][0]
+                if taken and tokens + job.tokens > self.sample_batch_tokens:
+                    by_key.clear()
+                    break
+                taken.append(by_key[holder].popleft())
+                tokens += job.tokens
+                self._turn += 1
+                self._sample_turns[holder] = self._turn
+                if not by_key[holder]:
+                    del by_key[holder]
+        chosen = set(map(id, taken))
+        self.samples = deque(j for j in self.samples if id(j) not in chosen)
+        return taken
 
     def _reap(self) -> None:
         rounds = 0
@@ -379,7 +468,7 @@ class TinkerService:
             for fid, record in list(self.futures.items()):
                 if record.done and ((record.read_at and now - record.read_at > READ_RESULT_TTL_S)
                                     or now - record.created > RESULT_TTL_S):
-                    self.futures.pop(fid, None)
+                    self._forget(fid)
 
     def close(self, reason: str = "the server stopped before this request finished; start it again and resend "
                                    "the request") -> None:
