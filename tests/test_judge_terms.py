@@ -1,10 +1,13 @@
 """LLM-judge reward terms (issue 40, item 6): a real local judge under the JSON grammar, and clear refusals."""
 
+import threading
+
 import pytest
 
 from strop.errors import StropError
 from strop.scoring import score_terms, terms_from_spec
 from strop.scoring.judge_terms import JudgeGrader, judge_form_problem
+from strop.serve import make_server
 
 
 class Row:
@@ -61,3 +64,19 @@ def test_judge_forms():
     assert "not a judge form" in judge_form_problem("remote")
     with pytest.raises(StropError, match="needs a rubric"):
         JudgeGrader("  ", "local")
+
+
+def test_a_served_endpoint_judges_through_the_real_client(tiny_model_dir):
+    # `strop serve` on loopback holds the tiny model to the verdict schema; the openai client asks it
+    srv = make_server(str(tiny_model_dir), port=0, name="tiny-judge")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        [term] = terms_from_spec([{"name": "served", "judge": {
+            "rubric": "Is the answer correct?", "judge": f"openai:tiny-judge@http://127.0.0.1:{srv.server_port}/v1"}}])
+        first = score_terms([term], "3 + 4 = 7", Row())
+        assert first.errors == [] and 0.0 <= first.scores["served"] <= 1.0
+        assert score_terms([term], "3 + 4 = 7", Row()).scores == first.scores
+        assert (term.fn.calls, term.fn.cache_hits, term.fn.failures) == (1, 1, 0) and term.fn.seconds > 0
+    finally:
+        srv.shutdown()
+        srv.server_close()
