@@ -343,3 +343,32 @@ def test_data_parallel_trainers_follow_gpus_unless_given():
     assert validate_descriptor(data).to_grpo_config("x.jsonl", []).ray["trainers"] == 2
     data["execution"]["ray"]["trainers"] = 0
     assert any(p.startswith("$.execution.ray.trainers: must be an integer from 1 to 256") for p in problems(data))
+
+
+def test_judge_terms_validate_and_map_to_the_loop():
+    data = seed()
+    data["config"]["reward"]["terms"].append({"kind": "judge", "weight": 0.5, "rubric": "Is the work shown?"})
+    data["config"]["reward"]["terms"].append({"kind": "judge", "weight": 0.2, "rubric": "Correct?", "name": "ext",
+                                              "judge": "openai:j@http://127.0.0.1:8000/v1", "timeoutSeconds": 5})
+    run = validate_descriptor(data)
+    assert run.term_names() == ["scoring", "judge", "ext"]
+    specs = run.reward_term_specs(["/b#reward:compute_score", None, None])
+    assert specs[1] == {"name": "judge", "weight": 0.5, "judge": {"rubric": "Is the work shown?",
+                                                                  "judge": "local:Qwen/Qwen3-0.6B", "timeout": 30.0}}
+    assert specs[2]["judge"] == {"rubric": "Correct?", "judge": "openai:j@http://127.0.0.1:8000/v1", "timeout": 5.0}
+
+    data = seed()
+    data["config"]["reward"]["terms"] = [
+        {"kind": "judge", "weight": 1.0},
+        {"kind": "judge", "weight": 1.0, "rubric": "ok?", "judge": "gpt-4"},
+        {"kind": "judge", "weight": "heavy", "rubric": "ok?"},
+        {"kind": "judge", "weight": 1.0, "rubric": "ok?", "timeoutSeconds": 0},
+        {"kind": "rule", "weight": 1.0},
+        {"kind": "grader", "weight": 1.0, "bundle": "builtin:gsm8k"}]
+    found = "\n".join(problems(data))
+    assert "terms[0]" in found and 'a "judge" term needs a rubric' in found
+    assert "terms[1].judge" in found and "is not a judge form" in found
+    assert "terms[2].weight" in found
+    assert "terms[3].timeoutSeconds" in found
+    assert "terms[4]" in found and 'a "rule" term needs a bundle' in found
+    assert "terms[5].kind" in found and '"judge"' in found

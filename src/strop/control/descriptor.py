@@ -53,6 +53,7 @@ from strop.rl.loss_choices import (ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS
                                    descriptor_problems as loss_choice_problems)
 from strop.rl.limits import LIMITS
 from strop.scoring.bundles import BUILTINS
+from strop.scoring.judge_terms import JUDGE_FORMS, judge_form_problem
 from strop.trackers import CHOICES as TRACKER_CHOICES, DEFAULT as DEFAULT_TRACKERS
 
 BUILTIN_PREFIX = "builtin:"
@@ -189,18 +190,43 @@ class SFTHyperparams(_Strict):
 
 
 class RewardTermSpec(_Strict):
-    kind: Literal["rule"] = _field(accepts='"rule"')
+    kind: Literal["rule", "judge"] = _field(accepts='"rule" (a grader bundle) or "judge" (an LLM judge on a rubric)')
     weight: float = _limited("reward_weight")
-    bundle: str = _field(accepts=f'a registry bundle NAME or NAME@VERSION such as "gsm8k/scoring", or one of '
-                                 f'{", ".join(BUILTIN_PREFIX + n for n in BUILTINS)}')
+    bundle: str | None = _field(None, accepts=f'a registry bundle NAME or NAME@VERSION such as "gsm8k/scoring", or '
+                                              f'one of {", ".join(BUILTIN_PREFIX + n for n in BUILTINS)}')
+    # kind "judge": the rubric the judge scores each completion on, which judge, and its time per call
+    rubric: Label | None = _field(None, accepts="a sentence saying what earns a high score")
+    judge: str = _field("local", accepts=JUDGE_FORMS)
+    timeout_seconds: float = _field(30.0, accepts="seconds a judge call may take, above 0 and at most 600",
+                                    gt=0, le=600, allow_inf_nan=False)
     module: str = _field("reward", accepts='a Python module name such as "reward"', pattern=_MODULE)
     function: str = _field("compute_score", accepts='a Python function name such as "compute_score"',
                            pattern=_IDENTIFIER)
     name: Label | None = _field(None, accepts="a non-empty string, or null (named after the bundle)")
 
+    @field_validator("judge")
+    @classmethod
+    def _judge_form(cls, value: str) -> str:
+        problem = judge_form_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _kind_needs(self) -> RewardTermSpec:
+        if self.kind == "rule" and self.bundle is None:
+            raise ValueError('a "rule" term needs a bundle, e.g. "bundle": "builtin:gsm8k"')
+        if self.kind == "judge" and self.rubric is None:
+            raise ValueError('a "judge" term needs a rubric, e.g. "rubric": "Is the final answer correct?"')
+        if self.kind == "judge" and self.bundle is not None:
+            raise ValueError('a "judge" term takes no bundle: its judge scores each completion on the rubric')
+        return self
+
     @field_validator("bundle")
     @classmethod
-    def _bundle_form(cls, value: str) -> str:
+    def _bundle_form(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         if value.startswith(BUILTIN_PREFIX):
             if value[len(BUILTIN_PREFIX):] not in BUILTINS:
                 raise ValueError("it is not a built-in grader")
@@ -212,7 +238,7 @@ class RewardTermSpec(_Strict):
 
     @property
     def is_builtin(self) -> bool:
-        return self.bundle.startswith(BUILTIN_PREFIX)
+        return self.bundle is not None and self.bundle.startswith(BUILTIN_PREFIX)
 
     @property
     def default_name(self) -> str:
@@ -220,6 +246,8 @@ class RewardTermSpec(_Strict):
         "correctness"), else the bundle's last path segment without its version ("gsm8k/scoring@3" -> "scoring")."""
         if self.name:
             return self.name
+        if self.kind == "judge":
+            return "judge"
         if self.is_builtin:
             return self.bundle[len(BUILTIN_PREFIX):]
         if self.module != "reward":
@@ -350,8 +378,14 @@ class RunDescriptor(_Strict):
         if len(grader_refs) != len(terms):
             raise StropError(f"the descriptor has {len(terms)} reward terms but {len(grader_refs)} grader "
                              f"references were given: resolve each term's bundle once, in order.")
-        return [{"name": name, "weight": term.weight, "grader": ref}
+        return [{"name": name, "weight": term.weight, "judge": self._judge_spec(term)} if term.kind == "judge"
+                else {"name": name, "weight": term.weight, "grader": ref}
                 for name, term, ref in zip(self.term_names(), terms, grader_refs)]
+
+    def _judge_spec(self, term: RewardTermSpec) -> dict:
+        """A judge term's entry for `terms_from_spec`; "local" is the run's base model."""
+        judge = f"local:{self.base_model}" if term.judge == "local" else term.judge
+        return {"rubric": term.rubric, "judge": judge, "timeout": term.timeout_seconds}
 
     def trainer_ray(self) -> dict | None:
         """execution.ray with its trainers counted: as given, else one a GPU where execution.gpus asks for more

@@ -122,7 +122,9 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
     terms = descriptor.config.reward.terms if descriptor.config.reward else []
     for i, (name, term) in enumerate(zip(descriptor.term_names(), terms)):
         entry = {"name": name, "weight": term.weight, "module": term.module, "function": term.function}
-        if term.is_builtin:
+        if term.kind == "judge":
+            entry["judge"] = term.judge
+        elif term.is_builtin:
             entry["builtin"] = term.bundle
         else:
             try:

@@ -66,7 +66,9 @@ def build_config(run: Run, folder: Path):
         return to_sft_config(descriptor, str(dataset), **common)
     refs = []
     for term, spec in zip(run.pinned["terms"], descriptor.config.reward.terms if descriptor.config.reward else []):
-        if "builtin" in term:
+        if "judge" in term:
+            refs.append(None)  # reward_term_specs gives a judge term its rubric and judge, not a grader
+        elif "builtin" in term:
             refs.append(term["builtin"])
         else:
             bundle, _ = registry.bundle_dir(term["bundle"])

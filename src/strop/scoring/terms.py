@@ -26,9 +26,11 @@ from typing import Any, Callable
 from strop.data.row import grader_context
 from strop.errors import StropError
 from strop.scoring.bundles import DEFAULT_FUNCTION, DEFAULT_MODULE, load_grader, split_ref
+from strop.scoring.judge_terms import JudgeGrader
 from strop.scoring.score_range import SCORE_RANGE, score_problem
 
-SPEC_KEYS = ("name", "weight", "grader")
+SPEC_KEYS = ("name", "weight", "grader", "judge")
+JUDGE_KEYS = ("rubric", "judge", "timeout")
 
 
 @dataclass(frozen=True)
@@ -105,25 +107,51 @@ def terms_from_spec(spec: list[dict], *, sandbox=None) -> list[RewardTerm]:
         if unknown:
             raise StropError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed keys are "
                              f"{', '.join(SPEC_KEYS)}.")
+        if "judge" in entry:
+            terms.append(_judge_term(where, entry, [t.name for t in terms]))
+            continue
         ref = entry.get("grader")
         if not isinstance(ref, str) or not ref.strip():
             raise StropError(f"{where}: 'grader' is required, e.g. 'builtin:gsm8k' or "
                              f"'./scoring#reward:compute_score'.")
-        name = entry.get("name") or default_name(ref)
-        weight = entry.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
-            raise StropError(f"{where} ({name!r}): weight must be a finite number, got {weight!r}.")
-        taken = [t.name for t in terms]
-        if name in taken:
-            raise StropError(f"{where}: name {name!r} is already used by another term; give each term a distinct "
-                             f"'name' (names so far: {', '.join(taken)}).")
+        name, weight = _name_and_weight(where, entry, default_name(ref), [t.name for t in terms])
         if sandbox is not None and not ref.strip().startswith("builtin:"):
             fn = sandbox.grader(ref)
             sandbox.check(ref)
         else:
             fn = load_grader(ref)
-        terms.append(RewardTerm(name=name, weight=float(weight), fn=fn, ref=ref))
+        terms.append(RewardTerm(name=name, weight=weight, fn=fn, ref=ref))
     return terms
+
+
+def _judge_term(where: str, entry: dict, taken: list[str]) -> RewardTerm:
+    """A term scored by an LLM judge: `{"name", "weight", "judge": {"rubric", "judge", "timeout"}}`."""
+    spec = entry["judge"]
+    if not isinstance(spec, dict):
+        raise StropError(f"{where}: 'judge' must be a mapping like {{'rubric': 'Is it correct?', 'judge': 'local'}}, "
+                         f"got {spec!r}.")
+    unknown = sorted(set(spec) - set(JUDGE_KEYS))
+    if unknown:
+        raise StropError(f"{where}: unknown judge key(s) {', '.join(map(repr, unknown))}; allowed keys are "
+                         f"{', '.join(JUDGE_KEYS)}.")
+    name, weight = _name_and_weight(where, entry, "judge", taken)
+    try:
+        fn = JudgeGrader(spec.get("rubric"), spec.get("judge", "local"), timeout=spec.get("timeout", 30.0))
+    except StropError as exc:
+        raise StropError(f"{where} ({name!r}): {exc}") from None
+    return RewardTerm(name=name, weight=weight, fn=fn, ref=f"judge:{fn.judge}")
+
+
+def _name_and_weight(where: str, entry: dict, default: str, taken: list[str]) -> tuple[str, float]:
+    """An entry's name (unique among `taken`) and finite weight, refused clearly otherwise."""
+    name = entry.get("name") or default
+    weight = entry.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+        raise StropError(f"{where} ({name!r}): weight must be a finite number, got {weight!r}.")
+    if name in taken:
+        raise StropError(f"{where}: name {name!r} is already used by another term; give each term a distinct "
+                         f"'name' (names so far: {', '.join(taken)}).")
+    return name, float(weight)
 
 
 def default_name(ref: str) -> str:
