@@ -160,3 +160,26 @@ def test_imports_inside_functions_say_why():
                     if not said:
                         silent.append(f"{path.relative_to(SRC)}:{run[0].lineno}: {ast.unparse(run[0])}")
     assert not silent, "imports inside functions with no reason given:\n" + "\n".join(sorted(set(silent)))
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    """An import cycle through a package's __init__ only breaks when its modules are met in a certain order (it
+    broke `import strop.evals` while every test passed): each module is imported first, with every strop module
+    forgotten before it, in one subprocess (torch and the rest stay loaded, so this takes seconds)."""
+    import subprocess
+    import sys
+    elsewhere = {"strop.__main__",                 # runs the CLI
+                 "strop.engine.vllm_worker",        # runs in vLLM's own environment (STROP_VLLM_PYTHON)
+                 "strop.store.migrations.env"}      # run by alembic, which gives it its context
+    names = sorted(n for n in MODULES if n not in elsewhere)
+    program = ("import importlib, sys, traceback\n"
+               f"failed = []\nfor name in {names!r}:\n"
+               "    for loaded in [m for m in sys.modules if m == 'strop' or m.startswith('strop.')]:\n"
+               "        del sys.modules[loaded]\n"
+               "    try:\n        importlib.import_module(name)\n"
+               "    except Exception as exc:\n        failed.append(f'{name}: {exc!r}')\n"
+               "print('\\n'.join(failed))\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "PYTHONPATH": str(SRC)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "", f"modules that fail when imported first:\n{done.stdout}"

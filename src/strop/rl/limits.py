@@ -126,7 +126,7 @@ LIMITS: dict[str, Limit] = {
                                            "before the branch", optional=True),
     "max_off_policy_steps": Limit(0, 16, True, "rollouts more than 16 updates old describe a policy the trainer has "
                                                "left far behind, and each step sampled ahead is held in memory"),
-    "loss_normalizer": Limit(0, 1e12, False, "the loss is divided by it; past 10^12 every update is below "
+    "loss_normalizer": Limit(0, 10**12, False, "the loss is divided by it; past 10^12 every update is below "
                                              "float32's resolution of the weights", least_open=True, optional=True),
     "overlong_buffer": Limit(1, 32768, True, "it is a length within maxCompletionLength", optional=True),
     "clip_low": Limit(0, 1, False, "the ratio's lower clip is at most 1 (no change)", least_open=True,

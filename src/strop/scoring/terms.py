@@ -26,7 +26,6 @@ from typing import Any, Callable
 from strop.data.row import grader_context
 from strop.errors import StropError
 from strop.scoring.bundles import DEFAULT_FUNCTION, DEFAULT_MODULE, load_grader, split_ref
-from strop.scoring.judge_terms import JudgeGrader
 from strop.scoring.score_range import SCORE_RANGE, score_problem
 
 SPEC_KEYS = ("name", "weight", "grader", "judge")
@@ -135,6 +134,8 @@ def _judge_term(where: str, entry: dict, taken: list[str]) -> RewardTerm:
         raise StropError(f"{where}: unknown judge key(s) {', '.join(map(repr, unknown))}; allowed keys are "
                          f"{', '.join(JUDGE_KEYS)}.")
     name, weight = _name_and_weight(where, entry, "judge", taken)
+    # imported here: the judge is built on strop.evals, which imports this module to score its items
+    from strop.scoring.judge_terms import JudgeGrader
     try:
         fn = JudgeGrader(spec.get("rubric"), spec.get("judge", "local"), timeout=spec.get("timeout", 30.0))
     except StropError as exc:
