@@ -769,3 +769,70 @@ def test_sampling_batches_take_the_keys_in_turn_up_to_a_token_budget(tmp_path):
         assert batches == [[big[0]], [big[1], small], [big[2]]] or batches == [[big[0]], [small], [big[1]], [big[2]]]
     finally:
         service.close()
+
+
+def test_a_large_request_is_cut_in_pieces_another_key_waits_for_one_and_the_pieces_combine_in_order(tmp_path):
+    service = TinkerService(tmp_path / "pieces", start_worker=False, sample_batch_tokens=1000)
+    try:
+        alice, bob = (service.create_session(owner, [], None) for owner in ("alice", "bob"))
+        ran = []
+
+        def piece(name: str, fail: bool = False):
+            def run():
+                ran.append(name)
+
+                def finish():
+                    if fail:
+                        raise ValueError(f"{name} broke")
+                    return name
+                return finish
+            return run
+        big = service.submit(alice, "Sample", None, sample={}, pieces=[(piece(f"a{i}"), 1000) for i in range(3)],
+                             combine=lambda parts: "+".join(parts).encode())
+        small = service.submit(bob, "Sample", piece("b"), sample={}, tokens=1)
+        batches = []
+        while service.samples:
+            before = list(ran)
+            service._run_samples()
+            batches.append(ran[len(before):])
+        # bob's request waits for one piece of alice's, not for her whole request
+        assert batches == [["a0"], ["b"], ["a1"], ["a2"]]
+        assert service.futures[big].payload == b"a0+a1+a2" and service.futures[small].payload == "b"
+
+        ran.clear()
+        broken = service.submit(alice, "Sample", None, sample={},
+                                pieces=[(piece("c0"), 1000), (piece("c1", fail=True), 1000), (piece("c2"), 1000)],
+                                combine=lambda parts: b"never")
+        while service.samples:
+            service._run_samples()
+        record = service.futures[broken]
+        assert record.error == "ValueError: c1 broke" and record.payload is None
+        assert ran == ["c0", "c1"]     # the piece after the failed one is not run
+    finally:
+        service.close()
+
+
+def test_a_seeded_request_served_in_pieces_samples_what_it_samples_whole(sdk_env, tmp_path, monkeypatch):
+    prompt = types.ModelInput.from_ints([5, 6, 7, 8, 9])
+    params = types.SamplingParams(max_tokens=8, seed=99, temperature=1.0)
+
+    def sample(url: str):
+        monkeypatch.setenv("TINKER_BASE_URL", url)
+        client = tinker.ServiceClient()
+        sampler = client.create_sampling_client(base_model=MODEL)
+        out = sampler.sample(prompt, 5, params, include_prompt_logprobs=True, topk_prompt_logprobs=2).result()
+        client.close("success").result()
+        return out
+
+    whole = sample(sdk_env.url)
+    cut = start(tmp_path / "cut", sample_batch_tokens=16)      # two 8-token samples a piece: pieces of 2, 2, 1
+    try:
+        pieces = sample(cut.url)
+        assert list(cut.app.state.service.sample_batches) == [1, 1, 1]   # each piece a batch of its own
+    finally:
+        cut.stop()
+    assert [s.tokens for s in pieces.sequences] == [s.tokens for s in whole.sequences]
+    assert len({tuple(s.tokens) for s in whole.sequences}) > 1       # five different samples, not one five times
+    for a, b in zip(pieces.sequences, whole.sequences):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert pieces.prompt_logprobs[1:] == pytest.approx(whole.prompt_logprobs[1:], abs=1e-4)

@@ -241,9 +241,11 @@ class SamplingClient:
         self._queue = backend.queue(base_model)
 
     def sample(self, prompt: ModelInput, num_samples: int = 1, sampling_params: SamplingParams | None = None,
-               include_prompt_logprobs: bool = False, *, resumed: int = 0) -> APIFuture:
+               include_prompt_logprobs: bool = False, *, resumed: int = 0, first_sample: int = 0) -> APIFuture:
         """`resumed` (a strop extension): the prompt's last `resumed` tokens are the sample's own output so far, a
-        generation continued in chunks; a json_schema grammar takes them first (see `continues_grammar`)."""
+        generation continued in chunks; a json_schema grammar takes them first (see `continues_grammar`).
+        `first_sample` (a strop extension): these are samples first_sample.. of a larger seeded request served in
+        pieces, drawn as that request would draw them."""
         if num_samples < 1:
             raise StropError(f"num_samples must be at least 1, got {num_samples}")
         if prompt.length == 0:
@@ -251,8 +253,10 @@ class SamplingClient:
         from strop.engine.sampler import SampleRequest  # lazy: transformers (see the top)
         if not 0 <= resumed <= prompt.length:
             raise StropError(f"resumed must be between 0 and the prompt's {prompt.length} tokens, got {resumed}")
+        if not isinstance(first_sample, int) or first_sample < 0:
+            raise StropError(f"first_sample must be an integer >= 0, got {first_sample!r}")
         request = SampleRequest(prompt_tokens=prompt.to_ints(), num_samples=num_samples,
-                                params=sampling_params or SamplingParams(), resumed=resumed)
+                                params=sampling_params or SamplingParams(), resumed=resumed, first_sample=first_sample)
         return self._queue.submit(self.adapter, request)
 
     @property

@@ -74,6 +74,10 @@ class SampleRequest:
     # how many of the prompt's last tokens are this sample's own output so far (a generation continued in chunks, as
     # `strop serve` runs one): a json_schema grammar takes them before it masks the first new token
     resumed: int = 0
+    # the index of this request's first sample in a request served in pieces (the Tinker server cuts a large one
+    # so other keys wait for a piece, not the whole): a seeded sample i is drawn with row_seed(seed, first + i), so
+    # the pieces draw what the whole request would have
+    first_sample: int = 0
 
 
 @dataclass
@@ -286,7 +290,7 @@ class SamplerEngine:
         stop_ids, stop_strings = self._split_stops(params.stop)
         rows = []
         for i in range(request.num_samples):
-            generator = torch.Generator().manual_seed(row_seed(base_seed, i))
+            generator = torch.Generator().manual_seed(row_seed(base_seed, request.first_sample + i))
             matcher = None
             if params.json_schema:
                 matcher = self._matcher(params.json_schema)

@@ -297,7 +297,7 @@ class VllmEngine:
                 owner.append(index)
             else:
                 for i in range(request.num_samples):
-                    wire.append({**base, "n": 1, "seed": row_seed(params.seed, i)})
+                    wire.append({**base, "n": 1, "seed": row_seed(params.seed, request.first_sample + i)})
                     owner.append(index)
         sequences: list[list[SampledSequence]] = [[] for _ in requests]
         for start in range(0, len(wire), 256):  # replies stay a few MB at most

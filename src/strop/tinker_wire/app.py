@@ -27,7 +27,7 @@ from strop.tinker_wire.checkpoints import KINDS, check_name, iso, parse_path
 from strop.tinker_wire.codec import WireError
 from strop.tinker_wire.service import MAX_SAMPLES, TinkerService
 from strop.tinker_wire.tenants import Tenancy, new_run_record
-from strop.types import AdamParams, ModelInput, SamplingParams
+from strop.types import AdamParams, ModelInput, SampleResponse, SamplingParams
 
 MAX_BODY_BYTES = 64 << 20       # a forward_backward chunk (the SDK splits at ~5 MB of payload; zstd or not)
 MAX_JSON_BYTES = 8 << 20        # any other request
@@ -525,32 +525,44 @@ def make_tinker_app(service: TinkerService, *, api_keys: set[str] | None = None,
         want_prompt = bool(req.prompt_logprobs)
         num = req.num_samples
 
-        def run():
-            client = sampler.client     # one request, one set of weights (an inflight client's may change)
-            pending = client.sample(prompt=ModelInput.from_ints(prompt), num_samples=num, sampling_params=params)
+        held = []                       # one request, one set of weights (an inflight client's may change)
 
-            def finish():
-                response = pending.result()
-                lps = prompt_topk = sample_topk = None
-                if want_prompt:
-                    lps = client.compute_logprobs(ModelInput.from_ints(prompt)).result()
-                    if last_n is not None:
-                        lps = [None] * (len(lps) - last_n) + list(lps[-last_n:])
-                if topk_prompt:
-                    prompt_topk = client.compute_topk_logprobs_many([ModelInput.from_ints(prompt)],
-                                                                    topk_prompt).result()[0]
-                    if last_n is not None:
-                        prompt_topk = [None] * (len(prompt_topk) - last_n) + list(prompt_topk[-last_n:])
-                if topk_sample:         # each sampled token's position, read back with the prompt before it
-                    rows = client.compute_topk_logprobs_many(
-                        [ModelInput.from_ints(prompt + list(seq.tokens)) for seq in response.sequences],
-                        topk_sample).result()
-                    sample_topk = [row[len(prompt):len(prompt) + len(seq.tokens)]
-                                   for row, seq in zip(rows, response.sequences)]
-                return codec.write_sample_response(response, lps, prompt_topk=prompt_topk, sample_topk=sample_topk)
-            return finish
-        future_id = service.submit(session, "Sample", run, sample={"sampler": sampler.id},
-                                   tokens=req.num_samples * max_tokens)
+        def piece(first: int, count: int):
+            def run():
+                if not held:
+                    held.append(sampler.client)
+                pending = held[0].sample(prompt=ModelInput.from_ints(prompt), num_samples=count,
+                                         sampling_params=params, first_sample=first)
+                return pending.result
+            return run
+
+        def combine(parts: list) -> bytes:
+            client = held[0]
+            response = SampleResponse(sequences=[seq for part in parts for seq in part.sequences])
+            lps = prompt_topk = sample_topk = None
+            if want_prompt:
+                lps = client.compute_logprobs(ModelInput.from_ints(prompt)).result()
+                if last_n is not None:
+                    lps = [None] * (len(lps) - last_n) + list(lps[-last_n:])
+            if topk_prompt:
+                prompt_topk = client.compute_topk_logprobs_many([ModelInput.from_ints(prompt)],
+                                                                topk_prompt).result()[0]
+                if last_n is not None:
+                    prompt_topk = [None] * (len(prompt_topk) - last_n) + list(prompt_topk[-last_n:])
+            if topk_sample:         # each sampled token's position, read back with the prompt before it
+                rows = client.compute_topk_logprobs_many(
+                    [ModelInput.from_ints(prompt + list(seq.tokens)) for seq in response.sequences],
+                    topk_sample).result()
+                sample_topk = [row[len(prompt):len(prompt) + len(seq.tokens)]
+                               for row, seq in zip(rows, response.sequences)]
+            return codec.write_sample_response(response, lps, prompt_topk=prompt_topk, sample_topk=sample_topk)
+        # a request of more sampled tokens than one sampling batch takes is cut into pieces of whole samples, each
+        # scheduled on its own, so another key's request waits for a piece (a seeded sample draws the same tokens)
+        per_piece = max(1, service.sample_batch_tokens // max_tokens)
+        pieces = [(piece(first, min(per_piece, num - first)), min(per_piece, num - first) * max_tokens)
+                  for first in range(0, num, per_piece)]
+        future_id = service.submit(session, "Sample", None, sample={"sampler": sampler.id}, pieces=pieces,
+                                   combine=combine)
         ids = [f"{future_id}:{i}" for i in range(num)]
         if req.seq_id is not None:
             _remember(sampler.seq_futures, req.seq_id, (future_id, ids))

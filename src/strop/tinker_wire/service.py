@@ -133,6 +133,21 @@ class Job:
     holder: str = ""               # whose queued-bytes budget it counts against
     cost: int = 0                  # bytes of request data it holds until it has run
     tokens: int = 0                # tokens a sampling job will sample (num_samples x max_tokens)
+    part: Pieces | None = None     # a piece of a request served in pieces, and which one
+    index: int = 0
+
+
+@dataclass
+class Pieces:
+    """One sampling request cut into pieces that are scheduled like requests of their own, so another key's request
+    waits for a piece, not the whole: each piece's result is kept until the last, which `combine` turns into the
+    request's answer. A piece that fails answers the request with its error, and the pieces left are not run."""
+    combine: Callable[[list], Any]
+    results: list
+    left: int
+
+
+NOT_YET = object()                 # a piece finished, and the request it belongs to has pieces left
 
 
 class TinkerService:
@@ -296,10 +311,15 @@ class TinkerService:
                 pass
 
     # ---- jobs ----------------------------------------------------------------------------------------
-    def submit(self, session: Session, kind: str, run: Callable[[], Any], *, sample: dict | None = None,
-               cost: int = 0, tokens: int = 0) -> str:
+    def submit(self, session: Session, kind: str, run: Callable[[], Any] | None, *, sample: dict | None = None,
+               cost: int = 0, tokens: int = 0, pieces: list[tuple[Callable[[], Any], int]] | None = None,
+               combine: Callable[[list], Any] | None = None) -> str:
         """`cost`: the bytes of request data the job holds while it waits (counted against the session's quota
-        holder until it has run)."""
+        holder until it has run). A sampling request may come as `pieces` ((run, tokens) each, `run` as a sampling
+        job's) and `combine` (their results in order -> the answer) instead of `run`: one future, one request
+        against the session's count, each piece scheduled on its own."""
+        if pieces is not None:
+            tokens = sum(t for _, t in pieces)
         holder = session.holder or session.owner
         with self.lock:
             held = self.queued_bytes.get(holder, 0)
@@ -315,19 +335,25 @@ class TinkerService:
                                 "(strop serve-tinker --queued-tokens-per-key); wait for samples before sending more",
                                 status=429)
         record = self.new_future(session.owner, kind)
-        job = Job(session.id, record, run, sample, holder=holder, cost=cost, tokens=tokens)
+        if pieces is None:
+            jobs = [Job(session.id, record, run, sample, holder=holder, cost=cost, tokens=tokens)]
+        else:
+            part = Pieces(combine, [None] * len(pieces), len(pieces))
+            jobs = [Job(session.id, record, piece, sample, holder=holder, tokens=piece_tokens, part=part, index=i)
+                    for i, (piece, piece_tokens) in enumerate(pieces)]
         with self.lock:
-            if len(session.jobs) + sum(1 for j in self.samples if j.session_id == session.id) >= MAX_QUEUED:
+            waiting = len(session.jobs) + len({id(j.future) for j in self.samples if j.session_id == session.id})
+            if waiting >= MAX_QUEUED:
                 self.futures.pop(record.id, None)
                 raise WireError(f"session {session.id} has {MAX_QUEUED} requests waiting; wait for some results",
                                 status=429)
             self.queued_bytes[holder] = self.queued_bytes.get(holder, 0) + cost
             if sample is not None:
-                self.samples.append(job)
+                self.samples.extend(jobs)
             else:
                 if not session.jobs:
                     self._order.append(session.id)
-                session.jobs.append(job)
+                session.jobs.extend(jobs)
             self.lock.notify_all()
         return record.id
 
@@ -376,7 +402,8 @@ class TinkerService:
         except Exception as exc:  # a bug, reported to the one client whose request met it; the server goes on
             self._complete(job.future, error=f"{type(exc).__name__}: {exc}", category="server")
         else:
-            self._complete(job.future, payload=result)
+            if result is not NOT_YET:
+                self._complete(job.future, payload=result)
         if job.cost:
             with self.lock:
                 self.queued_bytes[job.holder] -= job.cost
@@ -405,12 +432,24 @@ class TinkerService:
             self.log(f"sampling batch of {len(jobs)} request(s)")
         pending = []
         for job in jobs:
+            if job.future.done:                      # a piece of a request already answered (an earlier piece failed)
+                continue
             try:
                 pending.append((job, job.run()))     # queues on the engine; nothing runs yet
             except Exception as exc:
                 self._complete(job.future, error=str(exc), category="user")
         for job, finish in pending:                  # the first result runs every queued request, batched
+            if job.part is not None:
+                finish = lambda job=job, finish=finish: self._piece_done(job, finish)  # noqa: E731
             self._run(Job(job.session_id, job.future, finish))
+
+    @staticmethod
+    def _piece_done(job: Job, finish: Callable[[], Any]):
+        """Keep a piece's result; the last piece's call combines them all into the request's answer."""
+        part = job.part
+        part.results[job.index] = finish()
+        part.left -= 1
+        return part.combine(part.results) if part.left == 0 else NOT_YET
 
     def _take_samples(self) -> list[Job]:
         """The next sampling batch: the keys' waiting requests in turn (round robin, each key's own in order) up to
