@@ -2,8 +2,8 @@
 another key has its three largest allowed sampling requests queued (issue 36, item 2)?
 
 Two servers side by side in one run, the same requests through the unmodified tinker SDK on loopback:
-- `pieces`: the server as shipped (--sample-batch-tokens 8192): keys take turns, a large request is cut into pieces
-  of whole samples, so the newcomer waits for a piece;
+- `chunks`: the server as shipped (--sample-batch-tokens 8192): keys take turns, and a request is served a chunk
+  at a time (at most 8192 sampled tokens a turn), so the newcomer waits for one chunk;
 - `whole`: --sample-batch-tokens past every request (what the server did before: a batch takes every queued
   request and runs each whole).
 
@@ -78,7 +78,7 @@ def main() -> int:
           f"{args.samples} x {args.max_tokens} tokens, then a 1-token request from another key", flush=True)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, batch_tokens in (("pieces", 8192), ("whole", 1 << 40)):
+        for name, batch_tokens in (("chunks", 8192), ("whole", 1 << 40)):
             server = serve(Path(tmp) / name, batch_tokens)
             try:
                 results[name] = measure(server.url, args.samples, args.max_tokens)
@@ -86,12 +86,12 @@ def main() -> int:
                 server.stop()
             print(f"{name:7s} newcomer waited {results[name]['newcomerSeconds']:7.2f} s; the three big requests "
                   f"took {results[name]['bigRequestsSeconds']:7.2f} s", flush=True)
-    ratios = {"newcomerWholeOverPieces": round(results["whole"]["newcomerSeconds"]
-                                               / max(results["pieces"]["newcomerSeconds"], 1e-3), 1),
-              "bigPiecesOverWhole": round(results["pieces"]["bigRequestsSeconds"]
+    ratios = {"newcomerWholeOverChunks": round(results["whole"]["newcomerSeconds"]
+                                               / max(results["chunks"]["newcomerSeconds"], 1e-3), 1),
+              "bigChunksOverWhole": round(results["chunks"]["bigRequestsSeconds"]
                                           / results["whole"]["bigRequestsSeconds"], 2)}
-    print(f"the newcomer waits {ratios['newcomerWholeOverPieces']}x longer when requests run whole; cutting costs "
-          f"the big requests {ratios['bigPiecesOverWhole']}x their time", flush=True)
+    print(f"the newcomer waits {ratios['newcomerWholeOverChunks']}x longer when requests run whole; cutting costs "
+          f"the big requests {ratios['bigChunksOverWhole']}x their time", flush=True)
     print(json.dumps({"kernels": kernels(), "settings": vars(args), **results, "ratios": ratios}))
     return 0
 

@@ -771,68 +771,65 @@ def test_sampling_batches_take_the_keys_in_turn_up_to_a_token_budget(tmp_path):
         service.close()
 
 
-def test_a_large_request_is_cut_in_pieces_another_key_waits_for_one_and_the_pieces_combine_in_order(tmp_path):
-    service = TinkerService(tmp_path / "pieces", start_worker=False, sample_batch_tokens=1000)
+
+def test_a_long_request_is_served_a_chunk_at_a_time_and_another_key_waits_for_one_chunk(tmp_path):
+    from strop.tinker_wire.service import Continue
+    service = TinkerService(tmp_path / "chunks", start_worker=False, sample_batch_tokens=1000)
     try:
         alice, bob = (service.create_session(owner, [], None) for owner in ("alice", "bob"))
         ran = []
 
-        def piece(name: str, fail: bool = False):
+        def turn(name: str, left: int):
             def run():
                 ran.append(name)
-
-                def finish():
-                    if fail:
-                        raise ValueError(f"{name} broke")
-                    return name
-                return finish
+                return lambda: Continue(turn(name, left - 1), tokens=left * 1000, turn_tokens=1000) if left else name
             return run
-        big = service.submit(alice, "Sample", None, sample={}, pieces=[(piece(f"a{i}"), 1000) for i in range(3)],
-                             combine=lambda parts: "+".join(parts).encode())
-        small = service.submit(bob, "Sample", piece("b"), sample={}, tokens=1)
+        big = service.submit(alice, "Sample", turn("a", 2), sample={}, tokens=3000, turn_tokens=1000)
+        small = service.submit(bob, "Sample", turn("b", 0), sample={}, tokens=1)
         batches = []
         while service.samples:
-            before = list(ran)
+            before = len(ran)
             service._run_samples()
-            batches.append(ran[len(before):])
-        # bob's request waits for one piece of alice's, not for her whole request
-        assert batches == [["a0"], ["b"], ["a1"], ["a2"]]
-        assert service.futures[big].payload == b"a0+a1+a2" and service.futures[small].payload == "b"
-
-        ran.clear()
-        broken = service.submit(alice, "Sample", None, sample={},
-                                pieces=[(piece("c0"), 1000), (piece("c1", fail=True), 1000), (piece("c2"), 1000)],
-                                combine=lambda parts: b"never")
-        while service.samples:
-            service._run_samples()
-        record = service.futures[broken]
-        assert record.error == "ValueError: c1 broke" and record.payload is None
-        assert ran == ["c0", "c1"]     # the piece after the failed one is not run
+            batches.append(ran[before:])
+        # bob's request waits for one chunk of alice's, not for her whole request; hers ends after its third chunk
+        assert batches == [["a"], ["b"], ["a"], ["a"]]
+        assert service.futures[big].payload == "a" and service.futures[small].payload == "b"
     finally:
         service.close()
 
 
-def test_a_seeded_request_served_in_pieces_samples_what_it_samples_whole(sdk_env, tmp_path, monkeypatch):
+def test_a_seeded_request_served_in_chunks_samples_what_it_samples_whole(sdk_env, tmp_path, monkeypatch):
     prompt = types.ModelInput.from_ints([5, 6, 7, 8, 9])
-    params = types.SamplingParams(max_tokens=8, seed=99, temperature=1.0)
+    params = types.SamplingParams(max_tokens=40, seed=99, temperature=1.0)
 
-    def sample(url: str):
+    def sample(url: str, sampling_params=params, n: int = 3):
         monkeypatch.setenv("TINKER_BASE_URL", url)
         client = tinker.ServiceClient()
         sampler = client.create_sampling_client(base_model=MODEL)
-        out = sampler.sample(prompt, 5, params, include_prompt_logprobs=True, topk_prompt_logprobs=2).result()
+        out = sampler.sample(prompt, n, sampling_params, include_prompt_logprobs=True).result()
         client.close("success").result()
         return out
 
     whole = sample(sdk_env.url)
-    cut = start(tmp_path / "cut", sample_batch_tokens=16)      # two 8-token samples a piece: pieces of 2, 2, 1
+    cut = start(tmp_path / "cut", sample_batch_tokens=16)      # 16 tokens a turn: chunks of 16, 16 and 8 tokens
     try:
-        pieces = sample(cut.url)
-        assert list(cut.app.state.service.sample_batches) == [1, 1, 1]   # each piece a batch of its own
+        chunked = sample(cut.url)
+        assert len(cut.app.state.service.sample_batches) >= 3
+        # a stop string that begins in the first chunk and ends in the second is found where the whole run finds it
+        from strop.tokenizer_utils import get_tokenizer
+        from strop.models import resolve_model
+        decode = get_tokenizer(str(resolve_model(MODEL))).decode
+        text = decode(list(whole.sequences[0].tokens[14:18]))
+        stopping = types.SamplingParams(max_tokens=40, seed=99, temperature=1.0, stop=[text])
+        stopped_whole, stopped_cut = sample(sdk_env.url, stopping, 1), sample(cut.url, stopping, 1)
     finally:
         cut.stop()
-    assert [s.tokens for s in pieces.sequences] == [s.tokens for s in whole.sequences]
-    assert len({tuple(s.tokens) for s in whole.sequences}) > 1       # five different samples, not one five times
-    for a, b in zip(pieces.sequences, whole.sequences):
+    assert [s.tokens for s in chunked.sequences] == [s.tokens for s in whole.sequences]
+    assert len({tuple(s.tokens) for s in whole.sequences}) == 3      # three different samples
+    assert all(len(s.tokens) == 40 for s in chunked.sequences)
+    for a, b in zip(chunked.sequences, whole.sequences):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
-    assert pieces.prompt_logprobs[1:] == pytest.approx(whole.prompt_logprobs[1:], abs=1e-4)
+    assert chunked.prompt_logprobs[1:] == pytest.approx(whole.prompt_logprobs[1:], abs=1e-4)
+    assert stopped_cut.sequences[0].stop_reason == stopped_whole.sequences[0].stop_reason == "stop"
+    assert stopped_cut.sequences[0].tokens == stopped_whole.sequences[0].tokens
+    assert len(stopped_whole.sequences[0].tokens) <= 18

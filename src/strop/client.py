@@ -241,11 +241,11 @@ class SamplingClient:
         self._queue = backend.queue(base_model)
 
     def sample(self, prompt: ModelInput, num_samples: int = 1, sampling_params: SamplingParams | None = None,
-               include_prompt_logprobs: bool = False, *, resumed: int = 0, first_sample: int = 0) -> APIFuture:
+               include_prompt_logprobs: bool = False, *, resumed: int = 0, generators: list | None = None) -> APIFuture:
         """`resumed` (a strop extension): the prompt's last `resumed` tokens are the sample's own output so far, a
         generation continued in chunks; a json_schema grammar takes them first (see `continues_grammar`).
-        `first_sample` (a strop extension): these are samples first_sample.. of a larger seeded request served in
-        pieces, drawn as that request would draw them."""
+        `generators` (a strop extension, where `continues_samples`): each sample's torch.Generator, to be carried to
+        the sample's next chunk, so a generation served in chunks draws what it would have drawn whole."""
         if num_samples < 1:
             raise StropError(f"num_samples must be at least 1, got {num_samples}")
         if prompt.length == 0:
@@ -253,16 +253,22 @@ class SamplingClient:
         from strop.engine.sampler import SampleRequest  # lazy: transformers (see the top)
         if not 0 <= resumed <= prompt.length:
             raise StropError(f"resumed must be between 0 and the prompt's {prompt.length} tokens, got {resumed}")
-        if not isinstance(first_sample, int) or first_sample < 0:
-            raise StropError(f"first_sample must be an integer >= 0, got {first_sample!r}")
+        if generators is not None and not self.continues_samples:
+            raise StropError("this sampling engine cannot continue a sample's random draws; sample without generators")
         request = SampleRequest(prompt_tokens=prompt.to_ints(), num_samples=num_samples,
-                                params=sampling_params or SamplingParams(), resumed=resumed, first_sample=first_sample)
+                                params=sampling_params or SamplingParams(), resumed=resumed, generators=generators)
         return self._queue.submit(self.adapter, request)
 
     @property
     def continues_grammar(self) -> bool:
         """Whether this client's engine can continue a json_schema sample from its own output (`resumed`)."""
         return self._queue.engine.continues_grammar
+
+    @property
+    def continues_samples(self) -> bool:
+        """Whether this client's engine takes each sample's random generator (`sample(generators=...)`); vLLM and
+        Ray replicas, in other processes, do not."""
+        return self._queue.engine.continues_samples
 
     def compute_logprobs(self, prompt: ModelInput) -> APIFuture:
         """Each token's logprob given those before it (None for the first), under this client's weights."""

@@ -50,10 +50,10 @@ def register(nouns) -> None:
                    help="sampled tokens (num_samples x max_tokens) one API key may have waiting; over it a 429 "
                         "(default: %(default)s)")
     p.add_argument("--sample-batch-tokens", type=int, default=8192, metavar="N",
-                   help="sampled tokens one sampling batch takes, the keys' requests in turn (a larger request is "
-                        "cut into pieces of whole samples, seeded samples unchanged): a newcomer waits for one "
-                        "batch, not another key's whole queue or request; smaller is fairer, larger batches more "
-                        "(default: %(default)s)")
+                   help="sampled tokens one sampling batch takes, the keys' requests in turn, a long request a "
+                        "chunk at a time (seeded samples draw the same tokens): a newcomer waits for one batch, not "
+                        "another key's whole queue or request; smaller is fairer, larger batches more and re-reads "
+                        "less (default: %(default)s)")
     p.add_argument("--log-jobs", action="store_true",
                    help="print a line per job run (kind, session, seconds) and per sampling batch, on stderr")
     p.set_defaults(handler=run)

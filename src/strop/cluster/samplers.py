@@ -92,6 +92,7 @@ class RaySamplerEngine:
     """`settings.samplers` replicas of one engine on the cluster at `settings.address`."""
 
     continues_grammar = False  # a replica may be vLLM's: a json_schema sample runs whole
+    continues_samples = False  # a replica draws in its own process
 
     def __init__(self, base_model: str, model_dir: str | Path, *, settings: RaySettings, sampler: str = "auto",
                  dtype: str = "auto", max_batch: int = 64, options: dict | None = None, reserved_gpus: int = 0,

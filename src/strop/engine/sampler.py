@@ -74,10 +74,9 @@ class SampleRequest:
     # how many of the prompt's last tokens are this sample's own output so far (a generation continued in chunks, as
     # `strop serve` runs one): a json_schema grammar takes them before it masks the first new token
     resumed: int = 0
-    # the index of this request's first sample in a request served in pieces (the Tinker server cuts a large one
-    # so other keys wait for a piece, not the whole): a seeded sample i is drawn with row_seed(seed, first + i), so
-    # the pieces draw what the whole request would have
-    first_sample: int = 0
+    # the samples' random generators (one a sample), carried from an earlier chunk of the same samples: a generation
+    # served in chunks (the Tinker server's) draws what it would have drawn whole; None: seeded from params.seed
+    generators: list[torch.Generator] | None = None
 
 
 @dataclass
@@ -167,6 +166,8 @@ def row_seed(seed: int, index: int) -> int:
 class SamplerEngine:
     # a json_schema sample can be continued from its own output (SampleRequest.resumed)
     continues_grammar = True
+    # a sample can be continued with its own random generator (SampleRequest.generators)
+    continues_samples = True
 
     def __init__(self, model_dir: str | Path, tokenizer=None, dtype: torch.dtype = torch.float32, max_batch: int = 64,
                  fast_decode: bool = True, prefix_cache_bytes: int | None = None, device: str = "cpu"):
@@ -289,8 +290,11 @@ class SamplerEngine:
         base_seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
         stop_ids, stop_strings = self._split_stops(params.stop)
         rows = []
+        if request.generators is not None and len(request.generators) != request.num_samples:
+            raise ValueError(f"{len(request.generators)} generators for {request.num_samples} samples")
         for i in range(request.num_samples):
-            generator = torch.Generator().manual_seed(row_seed(base_seed, request.first_sample + i))
+            generator = request.generators[i] if request.generators is not None else \
+                torch.Generator().manual_seed(row_seed(base_seed, i))
             matcher = None
             if params.json_schema:
                 matcher = self._matcher(params.json_schema)

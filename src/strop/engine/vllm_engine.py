@@ -170,6 +170,7 @@ class VllmEngine:
     name = "vllm"
     # vLLM's structured outputs start their grammar at the first generated token: a json_schema sample runs whole
     continues_grammar = False
+    continues_samples = False  # its samples draw in another process, seeded
 
     def __init__(self, model_dir: str | Path, tokenizer=None, dtype: torch.dtype = torch.float32, max_batch: int = 64,
                  sync: str | None = None, seed: int = 0, max_model_len: int | None = None, max_lora_rank: int = 64,
@@ -297,7 +298,7 @@ class VllmEngine:
                 owner.append(index)
             else:
                 for i in range(request.num_samples):
-                    wire.append({**base, "n": 1, "seed": row_seed(params.seed, request.first_sample + i)})
+                    wire.append({**base, "n": 1, "seed": row_seed(params.seed, i)})
                     owner.append(index)
         sequences: list[list[SampledSequence]] = [[] for _ in requests]
         for start in range(0, len(wire), 256):  # replies stay a few MB at most

@@ -53,7 +53,7 @@ def generate(sampler, prompt, n: int, params, decode: Callable[[list[int]], str]
             since = len(tokens[i])
             tokens[i] += seq.tokens
             logprobs[i] += seq.logprobs
-            cut = _spanning_stop(tokens[i], since, strings, decode) if strings and since else None
+            cut = spanning_stop(tokens[i], since, strings, decode) if strings and since else None
             if cut is not None:
                 del tokens[i][cut:], logprobs[i][cut:]
                 reasons[i] = "stop"
@@ -85,7 +85,7 @@ def _chunk_seed(seed: int | None, row: int, chunk: int) -> int | None:
     return None if seed is None else (seed * 1_000_003 + (row + 1) * 7_919 + chunk * 104_729) % (2**63 - 1)
 
 
-def _spanning_stop(tokens: list[int], since: int, stops: list[str], decode) -> int | None:
+def spanning_stop(tokens: list[int], since: int, stops: list[str], decode) -> int | None:
     """The length at which `tokens` first hold a stop string begun before `since` (in an earlier chunk), or None."""
     start = max(0, since - max(len(s) for s in stops) - 2)   # a token is at least one character
     if not any(s in decode(tokens[start:]) for s in stops):

@@ -132,22 +132,18 @@ class Job:
     sample: dict | None = None     # a sampling job: {"sampler": Sampler, "prompt": [...], ...}
     holder: str = ""               # whose queued-bytes budget it counts against
     cost: int = 0                  # bytes of request data it holds until it has run
-    tokens: int = 0                # tokens a sampling job will sample (num_samples x max_tokens)
-    part: Pieces | None = None     # a piece of a request served in pieces, and which one
-    index: int = 0
+    tokens: int = 0                # tokens a sampling job may still sample (num_samples x max_tokens at first)
+    turn_tokens: int | None = None  # tokens it samples this turn, its share of a sampling batch (None: `tokens`)
 
 
 @dataclass
-class Pieces:
-    """One sampling request cut into pieces that are scheduled like requests of their own, so another key's request
-    waits for a piece, not the whole: each piece's result is kept until the last, which `combine` turns into the
-    request's answer. A piece that fails answers the request with its error, and the pieces left are not run."""
-    combine: Callable[[list], Any]
-    results: list
-    left: int
-
-
-NOT_YET = object()                 # a piece finished, and the request it belongs to has pieces left
+class Continue:
+    """What a sampling job's finish returns when its request has more to sample: the request's next turn (a run as
+    a sampling job's: it queues on the engine and returns its finish), queued behind the other keys' requests, so a
+    long request is served a chunk at a time and another key waits for a chunk, not for the whole."""
+    run: Callable[[], Any]
+    tokens: int                    # tokens the request may still sample
+    turn_tokens: int               # tokens the next turn samples at most
 
 
 class TinkerService:
@@ -311,15 +307,11 @@ class TinkerService:
                 pass
 
     # ---- jobs ----------------------------------------------------------------------------------------
-    def submit(self, session: Session, kind: str, run: Callable[[], Any] | None, *, sample: dict | None = None,
-               cost: int = 0, tokens: int = 0, pieces: list[tuple[Callable[[], Any], int]] | None = None,
-               combine: Callable[[list], Any] | None = None) -> str:
+    def submit(self, session: Session, kind: str, run: Callable[[], Any], *, sample: dict | None = None,
+               cost: int = 0, tokens: int = 0, turn_tokens: int | None = None) -> str:
         """`cost`: the bytes of request data the job holds while it waits (counted against the session's quota
-        holder until it has run). A sampling request may come as `pieces` ((run, tokens) each, `run` as a sampling
-        job's) and `combine` (their results in order -> the answer) instead of `run`: one future, one request
-        against the session's count, each piece scheduled on its own."""
-        if pieces is not None:
-            tokens = sum(t for _, t in pieces)
+        holder until it has run). A sampling job's `tokens` are all it may sample, `turn_tokens` what its first turn
+        samples (its finish returns `Continue` for the next)."""
         holder = session.holder or session.owner
         with self.lock:
             held = self.queued_bytes.get(holder, 0)
@@ -335,25 +327,19 @@ class TinkerService:
                                 "(strop serve-tinker --queued-tokens-per-key); wait for samples before sending more",
                                 status=429)
         record = self.new_future(session.owner, kind)
-        if pieces is None:
-            jobs = [Job(session.id, record, run, sample, holder=holder, cost=cost, tokens=tokens)]
-        else:
-            part = Pieces(combine, [None] * len(pieces), len(pieces))
-            jobs = [Job(session.id, record, piece, sample, holder=holder, tokens=piece_tokens, part=part, index=i)
-                    for i, (piece, piece_tokens) in enumerate(pieces)]
+        job = Job(session.id, record, run, sample, holder=holder, cost=cost, tokens=tokens, turn_tokens=turn_tokens)
         with self.lock:
-            waiting = len(session.jobs) + len({id(j.future) for j in self.samples if j.session_id == session.id})
-            if waiting >= MAX_QUEUED:
+            if len(session.jobs) + sum(1 for j in self.samples if j.session_id == session.id) >= MAX_QUEUED:
                 self.futures.pop(record.id, None)
                 raise WireError(f"session {session.id} has {MAX_QUEUED} requests waiting; wait for some results",
                                 status=429)
             self.queued_bytes[holder] = self.queued_bytes.get(holder, 0) + cost
             if sample is not None:
-                self.samples.extend(jobs)
+                self.samples.append(job)
             else:
                 if not session.jobs:
                     self._order.append(session.id)
-                session.jobs.extend(jobs)
+                session.jobs.append(job)
             self.lock.notify_all()
         return record.id
 
@@ -402,7 +388,9 @@ class TinkerService:
         except Exception as exc:  # a bug, reported to the one client whose request met it; the server goes on
             self._complete(job.future, error=f"{type(exc).__name__}: {exc}", category="server")
         else:
-            if result is not NOT_YET:
+            if isinstance(result, Continue):
+                self._requeue(job, result)
+            else:
                 self._complete(job.future, payload=result)
         if job.cost:
             with self.lock:
@@ -432,24 +420,22 @@ class TinkerService:
             self.log(f"sampling batch of {len(jobs)} request(s)")
         pending = []
         for job in jobs:
-            if job.future.done:                      # a piece of a request already answered (an earlier piece failed)
-                continue
             try:
                 pending.append((job, job.run()))     # queues on the engine; nothing runs yet
             except Exception as exc:
                 self._complete(job.future, error=str(exc), category="user")
         for job, finish in pending:                  # the first result runs every queued request, batched
-            if job.part is not None:
-                finish = lambda job=job, finish=finish: self._piece_done(job, finish)  # noqa: E731
-            self._run(Job(job.session_id, job.future, finish))
+            self._run(Job(job.session_id, job.future, finish, job.sample, holder=job.holder))
 
-    @staticmethod
-    def _piece_done(job: Job, finish: Callable[[], Any]):
-        """Keep a piece's result; the last piece's call combines them all into the request's answer."""
-        part = job.part
-        part.results[job.index] = finish()
-        part.left -= 1
-        return part.combine(part.results) if part.left == 0 else NOT_YET
+    def _requeue(self, job: Job, more: Continue) -> None:
+        """A sampling request's next turn, behind every request waiting now (unless it was answered meanwhile: the
+        server stopped)."""
+        with self.lock:
+            if self._stop or job.future.done:
+                return
+            self.samples.append(Job(job.session_id, job.future, more.run, job.sample, holder=job.holder,
+                                    tokens=more.tokens, turn_tokens=more.turn_tokens))
+            self.lock.notify_all()
 
     def _take_samples(self) -> list[Job]:
         """The next sampling batch: the keys' waiting requests in turn (round robin, each key's own in order) up to
@@ -463,11 +449,12 @@ class TinkerService:
         while by_key:
             for holder in list(by_key):
                 job = by_key[holder][0]
-                if taken and tokens + job.tokens > self.sample_batch_tokens:
+                share = job.tokens if job.turn_tokens is None else job.turn_tokens
+                if taken and tokens + share > self.sample_batch_tokens:
                     by_key.clear()
                     break
                 taken.append(by_key[holder].popleft())
-                tokens += job.tokens
+                tokens += share
                 self._turn += 1
                 self._sample_turns[holder] = self._turn
                 if not by_key[holder]:
