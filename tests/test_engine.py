@@ -325,3 +325,12 @@ def test_prefixes_are_shared_only_when_worth_it():
     assert plan([prompt + [50], [9] + prompt[1:] + [60]], [12, 12]) is None  # nothing in common
     assert plan([prompt[:5] + [50], prompt[:5] + [60]], [5, 5]) is None  # too short to pay for a second pass
     assert plan([prompt, prompt], [20, 20]) == ([11, 11], [0, 0], [0])  # untrained rows keep one position
+
+
+def test_service_client_refuses_a_misspelt_option_by_name_and_takes_tinkers_own():
+    with pytest.raises(StropError, match=r"unknown option\(s\) 'dtpye' \(did you mean 'dtype'\?\)"):
+        strop.ServiceClient(dtpye="float32")
+    with pytest.raises(StropError, match="'frobnicate'; it takes backend, dtype"):
+        strop.ServiceClient(frobnicate=1)
+    # code written for tinker.ServiceClient runs unchanged
+    strop.ServiceClient(api_key="tml-x", base_url="http://127.0.0.1:1", user_metadata={"who": "me"}, project_id="p")

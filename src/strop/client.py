@@ -366,12 +366,31 @@ class TrainingClient:
                 **placed}
 
 
+# what tinker.ServiceClient(...) passes on to its HTTP client: accepted by strop's, where they mean nothing
+TINKER_OPTIONS = frozenset({"api_key", "base_url", "user_metadata", "project_id", "timeout", "max_retries",
+                            "default_headers", "default_query", "http_client", "_strict_response_validation"})
+OWN_OPTIONS = ("backend", "dtype", "max_batch", "sampler_dtype", "sampler", "sampler_options", "ray", "device", "gpus")
+
+
+def _refuse_unknown_options(options: dict) -> None:
+    unknown = sorted(set(options) - TINKER_OPTIONS)
+    if not unknown:
+        return
+    import difflib
+    hints = []
+    for name in unknown:
+        near = difflib.get_close_matches(name, [*OWN_OPTIONS, *sorted(TINKER_OPTIONS)], n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    raise StropError(f"ServiceClient got unknown option(s) {', '.join(hints)}; it takes {', '.join(OWN_OPTIONS)}, "
+                     "and tinker's own options (api_key, base_url, ...), which mean nothing in this process")
+
+
 class ServiceClient:
     """Entry point. `backend="local"` trains and samples in this process on CPU (or CUDA when present)."""
 
     def __init__(self, backend: str = "local", dtype: str = "auto", max_batch: int = 64,
                  sampler_dtype: str | None = None, sampler: str = "auto", sampler_options: dict | None = None,
-                 ray: dict | None = None, device: str | None = None, gpus: int | None = None, **_ignored):
+                 ray: dict | None = None, device: str | None = None, gpus: int | None = None, **tinker_options):
         """`dtype`: what training and sampling compute in: "auto" (training in bfloat16 where the hardware has
         bf16 units, float32 elsewhere; sampling in float32 on a CPU: strop.engine.precision), "float32" or
         "bfloat16" (both); `sampler_dtype` overrides it for the sampler alone. LoRA weights, logprobs and losses
@@ -384,7 +403,12 @@ class ServiceClient:
         CUDA GPU where torch sees one, else the CPU (STROP_DEVICE overrides; strop.engine.precision.train_device).
         `gpus`: a run's execution.gpus, deciding the device when `device` is not given (0: the CPU; 1: the GPU
         where there is one; more is refused: strop.engine.precision.run_device). On Ray the cluster's GPUs are
-        the replicas' (a GPU each where there are enough), except that 0 keeps every replica on its CPU."""
+        the replicas' (a GPU each where there are enough), except that 0 keeps every replica on its CPU.
+
+        The options tinker's ServiceClient takes (`api_key`, `base_url`, `user_metadata`, `project_id`, `timeout`,
+        ...) are accepted, so code written for Tinker runs unchanged, and mean nothing in this process; any other
+        name is refused, with the nearest one this client takes."""
+        _refuse_unknown_options(tinker_options)
         if backend != "local":
             raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
         check_dtype(dtype)
