@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from strop.evals.compare import ComparisonError, compare, comparison_table
 from strop.evals.config import EvalConfigError, load_eval_config
-from strop.evals.tables import ResultsError, write_tables
+from strop.evals.sql_tables import ResultsError, write_tables
 from loopback import chat_completion, send_json
 from test_control import home, run, rows_file  # noqa: F401 - the fixture and helpers of the control-plane tests
 

@@ -39,7 +39,7 @@ ALLOWED = {
         "the one registry of loss names (issue 15, item 2), read by the loss choices' checks (issue 40)",
     ("strop.rl.config", "strop.engine.precision"):   # the dtype names a config accepts, checked without torch
         "the one list of compute dtypes (issue 17, item 4)",
-    ("strop.rl.config", "strop.engine.samplers"):    # the sampler names a config accepts, checked without torch
+    ("strop.rl.config", "strop.engine.engine_choice"):    # the sampler names a config accepts, checked without torch
         "the one list of sampler engines (issue 17, item 1)",
 }
 KNOWN: set = set()   # what is still to be taken apart; empty

@@ -51,7 +51,7 @@ def test_bad_flags_are_all_named_and_nothing_is_made(tmp_path):
 
 def test_quickstart_end_to_end_then_cleanup_keeps_what_it_did_not_make(tmp_path):
     from strop.evals.compare import compare
-    from strop.evals.tables import write_tables
+    from strop.evals.sql_tables import write_tables
     home, out = tmp_path / "home", tmp_path / "qs"
     assert strop("registry", "datasets", "register", "mine/keep", "-f", _rows(tmp_path), home=home).returncode == 0
     assert strop("base-models", "select", "strop/tiny-random", "--wait", home=home).returncode == 0

@@ -22,7 +22,7 @@ import torch
 
 from strop.client import ServiceClient
 from strop.engine.sampler import SampleRequest, SamplerEngine
-from strop.engine.samplers import make_engine, resolve_sampler
+from strop.engine.engine_choice import make_engine, resolve_sampler
 from strop.engine.trainer import LoraTrainer
 from strop.engine.vllm_engine import VllmEngine, VllmEngineError, vllm_available
 from strop.errors import StropError

@@ -15,6 +15,7 @@ submits a hundred prompts before collecting any gets batched generation without 
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import threading
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strop.engine.resources import GIB, plan_grpo_memory, vllm_kv_budget, vllm_share_bytes
-from strop.engine.samplers import check_sampler, make_engine, resolve_sampler
+from strop.engine.engine_choice import check_sampler, make_engine, resolve_sampler
 from strop.engine.vllm_find import require_vllm  # noqa: F401  (the loop checks the sampler through the client)
 from strop.engine.precision import (check_dtype, engine_facts, gpus_value_problem, resolve_dtype, run_device,
                                     sampler_dtype_for, torch_dtype, train_device)
@@ -376,7 +377,6 @@ def _refuse_unknown_options(options: dict) -> None:
     unknown = sorted(set(options) - TINKER_OPTIONS)
     if not unknown:
         return
-    import difflib
     hints = []
     for name in unknown:
         near = difflib.get_close_matches(name, [*OWN_OPTIONS, *sorted(TINKER_OPTIONS)], n=1)
@@ -394,7 +394,7 @@ class ServiceClient:
         """`dtype`: what training and sampling compute in: "auto" (training in bfloat16 where the hardware has
         bf16 units, float32 elsewhere; sampling in float32 on a CPU: strop.engine.precision), "float32" or
         "bfloat16" (both); `sampler_dtype` overrides it for the sampler alone. LoRA weights, logprobs and losses
-        are float32 either way. `sampler`: which engine samples, "auto" (strop.engine.samplers), "strop" or
+        are float32 either way. `sampler`: which engine samples, "auto" (strop.engine.engine_choice), "strop" or
         "vllm" (`pip install -e ".[vllm]"`); `sampler_options` go to that engine (vLLM: sync="merged"|"lora").
         `ray`: {"address": "auto" | "HOST:PORT", "samplers": N} samples on N replicas on that Ray cluster
         (strop.cluster; `pip install -e ".[ray]"`), training staying in this process; None: STROP_RAY_ADDRESS

@@ -6,7 +6,7 @@ runs on the replicas unchanged.
     engine.activate(adapter)            # sent once through Ray's object store, fetched by each replica on first use
     responses = engine.generate(requests)
 
-Each replica is an actor holding one engine (strop's decoder or vLLM, `strop.engine.samplers`). A batch of
+Each replica is an actor holding one engine (strop's decoder or vLLM, `strop.engine.engine_choice`). A batch of
 requests is cut into contiguous shares of about equal rows, one per replica, and the answers put back in order;
 a seeded request draws sample i with its own seed (`strop.engine.sampler.row_seed`), so the tokens do not depend
 on which replica drew them. A replica that dies mid-batch (its process killed, its node lost) has its share run
@@ -34,7 +34,7 @@ class SamplerReplica:
     def __init__(self, base_model: str, model_dir: str, sampler: str, dtype: str, max_batch: int, options: dict):
         # lazy: the actor's process imports the engine, the driver need not
         from strop.engine.precision import sampler_dtype_for, torch_dtype, train_device
-        from strop.engine.samplers import make_engine, resolve_sampler
+        from strop.engine.engine_choice import make_engine, resolve_sampler
         from strop.models import load_tokenizer, resolve_model
 
         # another node may not have the driver's folder: it finds the model by its id (its cache, or the hub)

@@ -367,7 +367,7 @@ def cleanup(out: str | Path) -> dict:
 
     # lazy: strop.control.evaluations pulls in sqlalchemy, which importing this module does not need
     from strop.control import evaluations, registry, runs
-    from strop.evals.tables import delete_comparison
+    from strop.evals.sql_tables import delete_comparison
     from strop.store import open_store, session_scope
     from strop.store.schema import Evaluation, Model, Project, Run
     m = load_manifest(out)

@@ -198,7 +198,7 @@ def run_steps(o, out: Path, manifest, say) -> None:
     from strop.control import projects, registry, runs
     from strop.control.reports import write_report
     from strop.evals.compare import compare, comparison_table
-    from strop.evals.tables import write_tables
+    from strop.evals.sql_tables import write_tables
     from strop.store import open_store
     started = time.monotonic()
     name = manifest.data["quickstartId"]

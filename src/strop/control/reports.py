@@ -46,7 +46,7 @@ def save_tables(comparison: dict, *, url: str | None, mode: str) -> dict:
     """Write the result tables, with each side's stored verdicts (reasoning, errors) alongside the scores."""
     # lazy: strop.control.evaluations pulls in sqlalchemy, which importing this module does not need
     from strop.control import evaluations
-    from strop.evals.tables import write_tables
+    from strop.evals.sql_tables import write_tables
     verdicts = {}
     for side in ("a", "b"):
         items = evaluations.report(comparison[side]["evaluationId"], items=True)["items"]

@@ -6,8 +6,8 @@
     >>> train[0].gold                                     # the final answer, e.g. '42'
 """
 
-from strop.data.rows import Row, load_rows
+from strop.data.datasets import Table, load_dataset
+from strop.data.loaders import Row, load_rows
 from strop.data.synthetic import LEVELS, generate
-from strop.data.tables import Table, load_dataset
 
 __all__ = ["Row", "load_rows", "generate", "LEVELS", "Table", "load_dataset"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from strop.cluster.settings import RaySettings
 from strop.engine.precision import CHOICES as DTYPE_CHOICES
-from strop.engine.samplers import CHOICES as SAMPLER_CHOICES
+from strop.engine.engine_choice import CHOICES as SAMPLER_CHOICES
 from strop.errors import StropError
 from strop.engine.losses import POLICY_LOSSES
 from strop.rl.limits import LIMITS
@@ -177,7 +177,7 @@ class GRPOConfig:
                        descriptor="execution.dtype")
     sampler: str = _help("which engine samples: auto (vLLM on a CUDA GPU where it is installed, strop's own decoder "
                          "elsewhere: the faster on a CPU), strop, or vllm (pip install -e \".[vllm]\"; "
-                         "strop.engine.samplers)", "auto", descriptor="execution.sampler")
+                         "strop.engine.engine_choice)", "auto", descriptor="execution.sampler")
     ray: dict | None = _help('place sampler replicas and environment workers on a Ray cluster: {"address": "auto" | '
                              '"HOST:PORT", "samplers": N, "envWorkers": N} (strop.cluster; pip install -e ".[ray]"); '
                              'None: everything in this process', None, descriptor="execution.ray")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from strop.data.rows import Row, load_rows
+from strop.data.loaders import Row, load_rows
 from strop.errors import DatasetError
 
 
