@@ -148,7 +148,7 @@ class LocalBackend:
     def queue(self, base_model: str) -> _SampleQueue:
         path = str(self.model_dir(base_model))
         queue = self._queues.get(path)
-        if queue is not None and not getattr(queue.engine, "alive", True):
+        if queue is not None and not queue.engine.alive:
             # a vLLM engine whose process died: its step failed with the cause; the next request starts another
             self._queues.pop(path).engine.close()
             queue = None
@@ -202,7 +202,7 @@ class LocalBackend:
         """Which engine samples, and (for vLLM, once started) its version, device and how adapters reach it."""
         facts = {"sampler": self.sampler}
         for queue in self._queues.values():
-            facts.update(getattr(queue.engine, "facts", {}))
+            facts.update(queue.engine.facts)
         return facts
 
     def trainer(self, base_model: str, *, dtype: str | None, **options):
@@ -224,9 +224,7 @@ class LocalBackend:
         """Stop the sampler engines (a vLLM engine's process) and trainers on Ray; clients made from this backend
         start them again."""
         for queue in self._queues.values():
-            close = getattr(queue.engine, "close", None)
-            if close is not None:
-                close()
+            queue.engine.close()
         self._queues.clear()
         for trainer in self._trainers:
             trainer.close()
@@ -360,8 +358,8 @@ class TrainingClient:
     def engine_facts(self) -> dict:
         """What this client trains and its sampling clients sample in, and on which CPU kernels (a strop
         extension: runs record it in engine.json)."""
-        placed = {"trainer": self.trainer.facts} if hasattr(self.trainer, "facts") else {}  # on Ray: where it ran
-        if hasattr(self.trainer, "device"):
+        placed = {"trainer": self.trainer.facts} if self.trainer.facts else {}  # on Ray: where it ran
+        if self.trainer.device is not None:
             placed["trainerDevice"] = str(self.trainer.device)
         return {**engine_facts(self.trainer.compute_dtype, self.backend.sampler_dtype), **self.backend.sampler_facts(),
                 **placed}

@@ -49,7 +49,7 @@ class SamplerReplica:
     def where(self) -> dict:
         import ray  # the actor's process has Ray (this class runs only there)
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()[:12], "sampler": self.sampler,
-                **getattr(self.engine, "facts", {})}
+                **self.engine.facts}
 
     def _activate(self, adapter_box: list, key) -> None:
         if key != self.key:
@@ -66,10 +66,12 @@ class SamplerReplica:
         self._activate(adapter_box, key)
         return self.engine.prompt_logprobs(sequences)
 
+    def prompt_topk(self, adapter_box: list, key, items: list) -> list:
+        self._activate(adapter_box, key)
+        return self.engine.prompt_topk([sequence for sequence, _ in items], items[0][1])
+
     def close(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()
 
 
 def shares(weights: list[int], parts: int) -> list[slice]:
@@ -138,6 +140,9 @@ class RaySamplerEngine:
 
     def prompt_logprobs(self, sequences: list[list[int]], max_batch_tokens: int = 8192) -> list:
         return self._spread("prompt_logprobs", sequences, [len(s) for s in sequences])
+
+    def prompt_topk(self, sequences: list[list[int]], k: int) -> list:
+        return self._spread("prompt_topk", [(s, k) for s in sequences], [len(s) for s in sequences])
 
     def _spread(self, method: str, items: list, weights: list[int]) -> list:
         if not items:

@@ -272,5 +272,10 @@ class RemoteTrainer:
         data = self.ray.put(pack(Path(path), MAX_STATE_BYTES, "checkpoint"))
         self._all([a.load.remote(data, with_optimizer) for a in self.actors])
 
+    @property
+    def device(self):
+        """None: it computes on the cluster's actors (`facts` says where)."""
+        return None
+
     def close(self) -> None:
         stop_actors(self.ray, self.actors, self.group)

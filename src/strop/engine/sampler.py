@@ -168,6 +168,7 @@ class SamplerEngine:
     continues_grammar = True
     # a sample can be continued with its own random generator (SampleRequest.generators)
     continues_samples = True
+    alive = True          # it lives in this process: it cannot die apart from it
 
     def __init__(self, model_dir: str | Path, tokenizer=None, dtype: torch.dtype = torch.float32, max_batch: int = 64,
                  fast_decode: bool = True, prefix_cache_bytes: int | None = None, device: str = "cpu"):
@@ -200,6 +201,12 @@ class SamplerEngine:
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_bytes_per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+        self.facts: dict = {}  # the client records which engine samples; this one adds nothing
+
+    def close(self) -> None:
+        """Drop the prefix cache's keys and values; the weights go with the last reference to the engine."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     # ---- adapters -------------------------------------------------------------------------------------
     def activate(self, adapter: AdapterWeights | None) -> None:

@@ -280,6 +280,7 @@ class LoraTrainer:
         lora_linear.install(self.model)
         self.model.train()
         self.max_tokens_per_batch = max_tokens_per_batch
+        self.facts: dict = {}  # it trains in this process: nothing to add to the client's facts
         self.optimizer: torch.optim.AdamW | None = None
         self.steps = 0
         self.skipped_steps = 0       # optim_steps skipped for a non-finite loss or gradient
@@ -409,6 +410,9 @@ class LoraTrainer:
         return lp_B_T, entropy_B_T
 
     # ---- optimizer -----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Nothing to stop: the model and optimiser go with the last reference to the trainer."""
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 

@@ -19,6 +19,7 @@ A source makes the episodes of one step (`group_size` per row or task) and says 
 from __future__ import annotations
 
 import statistics
+from typing import Protocol
 
 from strop import types
 from strop.data import Row
@@ -34,6 +35,32 @@ from strop.tool_calls import ToolCall
 OBSERVATION_CHARS = 16_000  # ~4,000 tokens: a page of rows; one 37 MB observation would have gone in whole
 NO_CALL = ("No tool call found. Call a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; "
            "give your final answer with the submit_answer tool.")
+
+
+class Episode(Protocol):
+    """What the rollout loop plays: `ProblemEpisode` (a dataset row, one turn) and `ToolEpisode` (an environment's
+    task, several turns) are the two kinds."""
+
+    def start(self) -> list[dict]: ...
+
+    def prompt(self, renderer, messages: list[dict]) -> types.ModelInput: ...
+
+    def stop_sequences(self, renderer) -> list[str]: ...
+
+    def act(self, text: str) -> str | None: ...
+
+    def finish(self, turns: list[Turn], messages: list[dict]) -> Rollout: ...
+
+
+class EpisodeSource(Protocol):
+    """Where a step's episodes come from (`ProblemSource` for datasets, `EnvironmentSource` for environments), and
+    how their rollouts are recorded and summed up."""
+
+    def episodes(self, items: list, group_size: int) -> list[list[Episode]]: ...
+
+    def record(self, rollout: Rollout, renderer) -> dict: ...
+
+    def metrics(self, rollouts: list[Rollout]) -> dict: ...
 
 
 def problem_messages(row: Row, system_prompt: str | None = None, question_suffix: str = "") -> list[dict]:

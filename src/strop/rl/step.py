@@ -20,6 +20,7 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +37,12 @@ from strop.rl.schedule import warmed_up_rate
 from strop.rl.types import StepMetrics
 from strop.rl.updates import UpdateResult, apply_updates
 
+if TYPE_CHECKING:
+    from strop.client import SamplingClient, TrainingClient
+    from strop.renderers import Renderer
+    from strop.rl.dynamic_sampling import TaskDraws
+    from strop.rl.episodes import EpisodeSource
+
 
 @dataclass(frozen=True)
 class StepContext:
@@ -43,13 +50,13 @@ class StepContext:
     (`strop.rl.episodes.ProblemSource` or `EnvironmentSource`), the optimiser's settings and the run's log."""
 
     config: GRPOConfig
-    training: object            # strop.client.TrainingClient
-    renderer: object
-    source: object
+    training: TrainingClient
+    renderer: Renderer
+    source: EpisodeSource
     adam: types.AdamParams
     log: RunLog | None = None
-    base_sampler: object = None  # the KL reference (strop.rl.reference), when klBeta > 0
-    draw: object = None          # further tasks for dynamic sampling: a strop.rl.dynamic_sampling.TaskDraws
+    base_sampler: SamplingClient | None = None  # the KL reference (strop.rl.reference), when klBeta > 0
+    draw: TaskDraws | None = None               # further tasks for dynamic sampling
 
 
 def adam_params(config) -> types.AdamParams:
