@@ -32,16 +32,7 @@ FORBIDDEN = {
        for p in ("engine", "models")},
 }
 # Imports a rule above would refuse but the design wants, with why.
-ALLOWED = {
-    ("strop.rl.config", "strop.engine.losses"):      # the loss registry is where every loss name is read from
-        "the one registry of loss names (issue 15, item 2)",
-    ("strop.rl.loss_choices", "strop.engine.losses"):  # the config's loss checks, on a descriptor's raw values
-        "the one registry of loss names (issue 15, item 2), read by the loss choices' checks (issue 40)",
-    ("strop.rl.config", "strop.engine.precision"):   # the dtype names a config accepts, checked without torch
-        "the one list of compute dtypes (issue 17, item 4)",
-    ("strop.rl.config", "strop.engine.engine_choice"):    # the sampler names a config accepts, checked without torch
-        "the one list of sampler engines (issue 17, item 1)",
-}
+ALLOWED: dict = {}   # none: the name tables the loop's settings read are in the leaf strop.choices (issue 38)
 KNOWN: set = set()   # what is still to be taken apart; empty
 KNOWN_CYCLES = set()
 

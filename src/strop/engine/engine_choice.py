@@ -17,10 +17,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from strop.choices import SAMPLER_CHOICES as CHOICES, SAMPLER_NAMES as NAMES  # the one list, a leaf's
 from strop.errors import StropError
 
-NAMES = ("strop", "vllm")
-CHOICES = ("auto", *NAMES)
 
 
 def check_sampler(name: str, what: str = "sampler") -> str:

@@ -19,31 +19,12 @@ read `LOSSES` without loading torch. Advantages are the algorithm's, in `strop.r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from strop.choices import LOSSES, POLICY_LOSSES, Loss  # noqa: F401 - the registry is a leaf's; callers find it here too
 
 DRO_BETA = 0.05   # dro's default penalty weight (loss_fn_config {"beta": ...})
 
 
-@dataclass(frozen=True)
-class Loss:
-    inputs: tuple[str, ...]  # the loss_fn_inputs each datum carries, each as long as its model input
-    policy: bool             # a policy-gradient loss (sampler logprobs and advantages), not a supervised one
-    summary: str
-
-
-LOSSES: dict[str, Loss] = {
-    "cross_entropy": Loss(("target_tokens", "weights"), False, "supervised: -sum(weights * log p)"),
-    "importance_sampling": Loss(("target_tokens", "logprobs", "advantages"), True,
-                                "REINFORCE with the sampler's importance weight: -sum(p/q * A)"),
-    "ppo": Loss(("target_tokens", "logprobs", "advantages"), True,
-                "PPO's clipped surrogate: -sum(min(r * A, clip(r) * A))"),
-    "cispo": Loss(("target_tokens", "logprobs", "advantages"), True,
-                  "CISPO: the clipped importance weight, gradient stopped, times A * log p"),
-    "dro": Loss(("target_tokens", "logprobs", "advantages"), True,
-                "DRO: -sum(A * log p - beta/2 * (log p - log q)^2), off-policy with a quadratic penalty"),
-}
-POLICY_LOSSES = tuple(name for name, loss in LOSSES.items() if loss.policy)
 
 
 def sequence_loss(name: str, lp_T, inputs: dict, clip_low: float = 0.8, clip_high: float = 1.2,

@@ -25,10 +25,9 @@ import os
 import platform
 from pathlib import Path
 
+from strop.choices import DTYPE_CHOICES as CHOICES, DTYPE_NAMES as NAMES  # the one list, a leaf's
 from strop.errors import StropError
 
-NAMES = ("float32", "bfloat16")
-CHOICES = ("auto", *NAMES)
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 

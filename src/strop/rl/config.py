@@ -14,11 +14,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 import math
 from pathlib import Path
 
+from strop.choices import DTYPE_CHOICES, POLICY_LOSSES, SAMPLER_CHOICES
 from strop.cluster.settings import RaySettings
-from strop.engine.precision import CHOICES as DTYPE_CHOICES
-from strop.engine.engine_choice import CHOICES as SAMPLER_CHOICES
 from strop.errors import StropError
-from strop.engine.losses import POLICY_LOSSES
 from strop.rl.limits import LIMITS
 from strop.rl.dynamic_sampling import sampling_problems
 from strop.rl.loss_choices import choice_problems, combination_problems
@@ -27,7 +25,7 @@ from strop.trackers import CHOICES as TRACKER_CHOICES, DEFAULT as DEFAULT_TRACKE
 
 KL_REFERENCES = ("start", "base")
 
-LOSS_FNS = POLICY_LOSSES  # the engine's policy-gradient losses (strop.engine.losses)
+LOSS_FNS = POLICY_LOSSES  # the policy-gradient losses (strop.choices; the engine implements them)
 
 
 def _help(text: str, default=None, factory=None, descriptor: str | None = None):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from strop.engine.losses import POLICY_LOSSES
+from strop.choices import POLICY_LOSSES
 from strop.rl.limits import LIMITS
 
 ADVANTAGE_ESTIMATORS = ("group-mean", "rloo", "reinforce++")
