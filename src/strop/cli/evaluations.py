@@ -26,7 +26,7 @@ def register(nouns) -> None:
     start.add_argument("--max-tokens", type=int, help="most tokens per response (default: 256)")
     start.add_argument("--limit", type=int, help="evaluate only the first N items")
     start.add_argument("--judge", help="also score each response with an LLM judge: openai:NAME@URL, local "
-                                       "(the default local model) or a model id; seed 000's rubric unless --config "
+                                       "(the default local model) or a model id; the default rubric (answer correctness and reasoning quality) unless --config "
                                        "names metrics")
     start.add_argument("--api-key-env", help="environment variable holding the API key of openai:NAME@URL endpoints "
                                              "(model and judge; default: OPENAI_API_KEY)")

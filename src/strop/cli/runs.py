@@ -16,7 +16,7 @@ METRIC_COLUMNS = [("step", "STEP"), ("zeroVarianceGroups", "ZERO-VAR"), ("reward
 
 def register(nouns) -> None:
     parser = nouns.add_parser("runs", help="start training runs from a descriptor and follow them",
-                              description="Training runs. `start` validates a run descriptor (seed 003's run.json), "
+                              description="Training runs. `start` validates a run descriptor (a run.json), "
                                           "pins the exact dataset and bundle versions, and trains in a background "
                                           "worker; the other verbs follow and control it.")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)

@@ -63,7 +63,7 @@ def start(model: str, dataset: str, grader: str = "builtin:gsm8k", *, samples: i
     """Admit and start an evaluation; `run_id`/`run_step` tie it to the run that asked for it.
 
     `limit` evaluates the first N items; `fields` maps question/answer to the dataset's columns; `judge`
-    ('openai:NAME@URL', 'local' or a model id) scores each response on `judge_metrics` (default: seed 000's
+    ('openai:NAME@URL', 'local' or a model id) scores each response on `judge_metrics` (default: the GSM8K walkthrough's
     rubric) after exact grading. Endpoints read their API key from the variable `api_key_env` (only its name
     is stored), send `concurrency` requests at a time, retry a failed request `max_retries` times with
     backoff, and give each request `request_timeout` seconds.

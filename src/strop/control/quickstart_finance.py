@@ -1,4 +1,4 @@
-"""`strop quickstart --task finance-sql`: seed 004's story end to end. A small model learns to answer questions about
+"""`strop quickstart --task finance-sql`: the tool-use story end to end. A small model learns to answer questions about
 a company's financial statements by querying its database with tools, and the evidence says whether it did.
 
 Steps: select the base model; write demonstrations from the scripted agent (train-split companies only) and

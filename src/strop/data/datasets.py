@@ -1,4 +1,4 @@
-"""A small stand-in for Hugging Face `datasets`, so code written against it (seed 000's notebook) runs offline.
+"""A small stand-in for Hugging Face `datasets`, so code written against it (the GSM8K walkthrough's notebook) runs offline.
 
     ds = load_dataset("openai/gsm8k", "main")                       # the hub, or data_dir= for local files
     train = ds["train"]; batch = train.select(range(0, 8))

@@ -4,7 +4,7 @@
     # two stored evaluations: strop.control.evaluations.compare_evaluations("eval-1a2b", "eval-3c4d")
     comparison["accuracy"]   # {"a": .30, "b": .44, "delta": .14, "ci95": [.02, .26]}
     comparison["mcnemar"]    # {"p": .031, "aOnly": 3, "bOnly": 10}
-    print(comparison_table(comparison))                                 # seed 000's table, with the statistics
+    print(comparison_table(comparison))                                 # the walkthrough's table, with the statistics
 
 `compare(items_a, items_b, ...)` does the same on item dicts (as `evaluations.report(..., items=True)` gives
 them), so it needs no store. The judge part appears when both evaluations were judged on the same metrics:

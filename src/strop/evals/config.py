@@ -3,13 +3,13 @@
     config = load_eval_config("eval.yaml")
     evaluations.start(model=..., **config.start_kwargs())
 
-The file follows seed 000's evaluation config, so that file works as written (its `agent` names the model,
+The file follows the GSM8K walkthrough's evaluation config, so that file works as written (its `agent` names the model,
 its `dataset.table` the registered dataset):
 
     version: "1.0"
     model: model-2d69fb15                  # or agent: {name: ...}; --model on the command line wins
     dataset:
-      name: gsm8k/eval                     # a registered dataset (seed 000 calls it `table`)
+      name: gsm8k/eval                     # a registered dataset (the walkthrough calls it `table`)
       input_column: question               # the columns holding the question and the ground truth
       ground_truth_column: answer
     grader: builtin:gsm8k                  # default builtin:gsm8k

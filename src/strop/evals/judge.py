@@ -4,7 +4,7 @@
     verdicts = judge.judge_many([JudgeInput(question, gold, response), ...])
     verdicts[0].scores  # {"answer_correctness": 5, "reasoning_quality": 4}; None when no verdict could be had
 
-The default rubric is seed 000's: answer_correctness 0-5 and reasoning_quality 0-5, plus a one-sentence
+The default rubric is the GSM8K walkthrough's: answer_correctness 0-5 and reasoning_quality 0-5, plus a one-sentence
 `reasoning`. Custom metrics (a name, what to assess, a score range) come from an evaluation config file.
 
 The verdict is JSON enforced by schema: an endpoint gets `response_format` json_schema (an endpoint that

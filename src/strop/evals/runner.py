@@ -8,7 +8,7 @@ Greedy by default (temperature 0, one sample); with `samples=k > 1` it draws k s
 temperature and reports pass@k with the unbiased estimator (Chen et al. 2021): 1 - C(n-c, k) / C(n, k) over
 n = k samples with c correct, which for n == k is simply "any sample right".
 An item is correct when its score reaches `correct_at` (default 1.0: the grader's full marks); graders that
-add a format bonus, as seed 003's does (1.1 for a right answer), are handled by that threshold.
+add a format bonus, as the run-descriptor walkthrough's does (1.1 for a right answer), are handled by that threshold.
 """
 
 from __future__ import annotations

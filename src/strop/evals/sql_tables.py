@@ -9,7 +9,7 @@ strop_judge_scores: one row per item, model and judge metric: the score (NULL wh
 with the reason in `error`) and the judge's one-sentence reasoning.
 Both carry `comparison_id`, so `append` keeps several comparisons apart; `replace` deletes only this
 comparison's earlier rows and then appends (what `strop quickstart` uses, so other comparisons' rows stay);
-`overwrite` replaces the tables (as seed 000's `mode("overwrite")` does), so never point it at tables whose
+`overwrite` replaces the tables (as the walkthrough's `mode("overwrite")` does), so never point it at tables whose
 rows you need.
 """
 

@@ -4,7 +4,7 @@
     dashboard = render_dashboard(comparison, "out/dashboard.png")
     dashboard.path, dashboard.panels    # Path('out/dashboard.png'), the seven panel titles as drawn
 
-Panels, as seed 000's judge dashboard has them:
+Panels, as the GSM8K walkthrough's judge dashboard has them:
   1. head-to-head donut: b wins / ties / a wins by combined judge score per item
   2. grouped bars: mean judge score per metric and combined, a beside b
   3. overlapping histograms of combined scores
