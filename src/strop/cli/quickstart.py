@@ -1,4 +1,4 @@
-"""`strop quickstart` (seed 000 end to end) and `strop cleanup` (remove what a quickstart made)."""
+"""`strop quickstart` (the GSM8K story end to end) and `strop cleanup` (remove what a quickstart made)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,20 @@ from strop.cli.output import add_output_flags, add_sampler_flag, emit
 
 def register(nouns) -> None:
     # lazy: strop.control.quickstart pulls in pydantic, which importing this module does not need
-    from strop.control.quickstart import TASK_DEFAULTS, TASKS, QuickstartOptions
+    from strop.control.quickstart import TASK_DEFAULTS, TASKS, TRAINING, QuickstartOptions
+    from strop.rl.config import GRPOConfig
+    setting_help = GRPOConfig.help()
     d = QuickstartOptions()
     parser = nouns.add_parser(
         "quickstart", help="baseline, fine-tune, evaluation, statistics, tables, dashboard: one command",
         description="Can targeted RL close the gap between a small model and a big one? This answers it end to "
                     "end, for one of two tasks.\n\n"
-                    "--task gsm8k (seed 000): evaluate the baseline (an OpenAI-compatible endpoint, else the untuned "
+                    "--task gsm8k: evaluate the baseline (an OpenAI-compatible endpoint, else the untuned "
                     "base model), fine-tune the base model with GRPO + LoRA, evaluate it on the same items, judge "
                     "both with an LLM, compare them (accuracy, paired bootstrap 95% interval, exact McNemar, judge "
                     "scores, win/tie/loss), write the SQL tables strop_eval_comparison and strop_judge_scores, and a "
                     "dashboard and HTML report. The defaults took 11-12 minutes on 2 CPU cores.\n\n"
-                    "--task finance-sql (seed 004): a model answers questions about a company's financial statements "
+                    "--task finance-sql: a model answers questions about a company's financial statements "
                     "by querying its SQLite database with tools (list_tables, describe_table, run_sql, "
                     "submit_answer). Evaluate the baseline on unseen companies (single-table and multi-table "
                     "questions; an endpoint gets native tool calls), warm-start the base model with supervised "
@@ -46,11 +48,16 @@ def register(nouns) -> None:
     def both(option: str) -> str:
         return f"(default: {getattr(d, option)}; with --task finance-sql {finance.get(option, getattr(d, option))})"
 
+    def training(option: str) -> str:
+        """A training option's help: its setting's (strop.rl.settings), and quickstart's own defaults."""
+        return f"{setting_help[TRAINING[option]]} {both(option)}"
+
     parser.add_argument("--task", choices=TASKS, default="gsm8k",
-                        help="gsm8k: math word problems, graded exactly and by a judge (seed 000); finance-sql: "
-                             "tool use over a company's SQL database, a supervised warm start then GRPO (seed 004) "
+                        help="gsm8k: math word problems, graded exactly and by a judge; finance-sql: "
+                             "tool use over a company's SQL database, a supervised warm start then GRPO "
                              "(default: %(default)s)")
-    parser.add_argument("--base-model", default=d.base_model, help="the small model to fine-tune (default: %(default)s)")
+    parser.add_argument("--base-model", default=d.base_model, help=f"{setting_help['base_model']} (default: "
+                                                                   "%(default)s)")
     parser.add_argument("--dataset", default=d.dataset,
                         help="gsm8k task: synthetic (bare addition, learnable on a CPU), synthetic:LEVEL, or gsm8k "
                              "from the hub (default: %(default)s)")
@@ -72,11 +79,11 @@ def register(nouns) -> None:
                         help=f"finance-sql: the warm start's learning rate (default: {d.sft_learning_rate})")
     parser.add_argument("--out", default=d.out, help="folder for the report, data and quickstart.json (default: %(default)s)")
     parser.add_argument("--results-url", help="SQLAlchemy URL for the result tables (default: the strop store)")
-    parser.add_argument("--group-size", type=int, help=f"samples per prompt {both('group_size')}")
-    parser.add_argument("--batch-size", type=int, help=f"prompts (tasks) per step {both('batch_size')}")
-    parser.add_argument("--max-tokens", type=int,
-                        help=f"most tokens per completion (per turn), in training and evaluation {both('max_tokens')}")
-    parser.add_argument("--learning-rate", type=float, help=f"GRPO's learning rate (default: {d.learning_rate})")
+    parser.add_argument("--group-size", type=int, help=training("group_size"))
+    parser.add_argument("--batch-size", type=int, help=training("batch_size"))
+    parser.add_argument("--max-tokens", type=int, help=training("max_tokens") + "; per turn with finance-sql, and "
+                                                                                "in the evaluations too")
+    parser.add_argument("--learning-rate", type=float, help=training("learning_rate"))
     parser.add_argument("--concurrency", type=int, default=d.concurrency,
                         help="requests in flight at once to --baseline/--judge endpoints (default: %(default)s)")
     parser.add_argument("--max-retries", type=int, default=d.max_retries,

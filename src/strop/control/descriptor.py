@@ -1,4 +1,4 @@
-"""The run descriptor: the JSON file that says what one training run is (seed 003's `run.json`).
+"""The run descriptor: the JSON file that says what one training run is (a `run.json`).
 
 A descriptor names a project, a base model, a dataset, the GRPO hyperparameters, the reward terms (scoring
 bundles) and how the run is executed. It is checked strictly and as a whole before anything is admitted:
@@ -46,15 +46,17 @@ from strop.cluster.settings import ADDRESS_HELP, address_ok
 from strop.errors import StropError
 from strop.files import FileKindError, open_regular
 from strop.names import escape_hidden, label_problem, registry_name_problem, registry_ref_problem
-from strop.control.descriptor_sampling import branching_problems, sampling_problems
+from strop.control.descriptor_sampling import branching_problems, loss_choice_problems, sampling_problems
 from strop.engine.losses import POLICY_LOSSES
-from strop.rl.config import GRPOConfig
-from strop.rl.loss_choices import (ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG,
-                                   descriptor_problems as loss_choice_problems)
+from strop.choices import DTYPE_CHOICES, SAMPLER_CHOICES
+from strop.rl.branching import IDENTICAL_TURNS
+from strop.rl.config import KL_REFERENCES, ROLLOUT_CORRECTIONS, GRPOConfig
+from strop.rl.loss_choices import ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG
 from strop.rl.limits import LIMITS
 from strop.scoring.bundles import BUILTINS
 from strop.scoring.judge_terms import JUDGE_FORMS, judge_form_problem
-from strop.trackers import CHOICES as TRACKER_CHOICES, DEFAULT as DEFAULT_TRACKERS
+from strop.sft.config import SFTConfig
+from strop.trackers import CHOICES as TRACKER_CHOICES
 
 BUILTIN_PREFIX = "builtin:"
 _IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -108,6 +110,18 @@ def _limited(name: str, default: Any = ..., *, unit: str = "", optional: bool = 
     return _field(default, accepts=limit.accepts(unit), why=limit.why, why_least=limit.why_least or None, **bounds)
 
 
+def _setting(name: str, *, required: bool = False, unit: str = "", config: type = GRPOConfig) -> Any:
+    """The descriptor field of a run setting: its range LIMITS[name], its default the config's (its one
+    declaration, strop.rl.settings); `required` where a descriptor must say it."""
+    default = ... if required else config.default_of(name)
+    return _limited(name, default, unit=unit, optional=not required and (default is None or LIMITS[name].optional))
+
+
+def _default(name: str, config: type = GRPOConfig) -> Any:
+    """A setting's default, from its one declaration (strop.rl.settings)."""
+    return config.default_of(name)
+
+
 def _quoted(names) -> str:
     return ", ".join(f'"{n}"' for n in names)
 
@@ -118,40 +132,40 @@ class _Strict(BaseModel):
 
 
 class LoraSpec(_Strict):
-    rank: int = _limited("lora_rank")
-    alpha: float | None = _limited("lora_alpha", None, optional=True)
+    rank: int = _setting("lora_rank", required=True)
+    alpha: float | None = _setting("lora_alpha")
     target_modules: list[Label] | None = _field(
         None, accepts='a non-empty list of module names such as ["q_proj", "v_proj"], or null (the trainer\'s '
         'default)', item="a module name (a non-empty string)", min_length=1)
 
 
 class OptimizerSpec(_Strict):
-    learning_rate: float = _limited("learning_rate")
-    weight_decay: float = _limited("weight_decay", 0.0)
-    grad_clip_norm: float = _limited("grad_clip_norm", 1.0, unit="(0: no clipping)")
-    warmup_steps: int = _limited("warmup_steps", 0, unit="of steps (0: no warm-up)")
+    learning_rate: float = _setting("learning_rate", required=True)
+    weight_decay: float = _setting("weight_decay")
+    grad_clip_norm: float = _setting("grad_clip_norm", unit="(0: no clipping)")
+    warmup_steps: int = _setting("warmup_steps", unit="of steps (0: no warm-up)")
 
 
 class DynamicSamplingSpec(_Strict):
     # DAPO's dynamic sampling (strop.rl.dynamic_sampling): further tasks until batchSize groups have variance
-    enabled: bool = _field(False, accepts="true or false")
-    max_tasks_per_step: int | None = _limited("max_tasks_per_step", None, optional=True)
+    enabled: bool = _field(_default("dynamic_sampling"), accepts="true or false")
+    max_tasks_per_step: int | None = _setting("max_tasks_per_step")
 
 
 class RLHyperparams(_Strict):
-    # maxSteps is the number of steps, the rows reshuffled each pass until it is reached (seed 003: 100 steps of
+    # maxSteps is the number of steps, the rows reshuffled each pass until it is reached (100 steps of
     # 8 prompts make four passes over 200 rows); without maxSteps, `epochs` passes are made
-    epochs: int = _limited("epochs", 1)
-    max_steps: int | None = _limited("max_steps", None, optional=True)
-    group_size: int = _limited("group_size")
-    kl_beta: float = _limited("kl_beta")
-    temperature: float = _limited("temperature")
-    max_completion_length: int = _limited("max_completion_length")
-    batch_size: int = _limited("batch_size", 8)
+    epochs: int = _setting("epochs")
+    max_steps: int | None = _setting("max_steps")
+    group_size: int = _setting("group_size", required=True)
+    kl_beta: float = _setting("kl_beta", required=True)
+    temperature: float = _setting("temperature", required=True)
+    max_completion_length: int = _setting("max_completion_length", required=True)
+    batch_size: int = _setting("batch_size")
     lora: LoraSpec
     optimizer: OptimizerSpec
-    kl_reference: Literal["start", "base"] = _field(
-        "start", accepts='"start" (the model the run started from: a tuned baseModel\'s adapter, else the base '
+    kl_reference: Literal[KL_REFERENCES] = _field(
+        _default("kl_reference"), accepts='"start" (the model the run started from: a tuned baseModel\'s adapter, else the base '
                          'model) or "base" (the base model, adapter off)')
     variance_on: Label | None = _field(None, accepts="a reward term's name (an environment's: a term its episodes "
                                                      "report, e.g. \"correctness\"), or null for the total reward")
@@ -159,31 +173,32 @@ class RLHyperparams(_Strict):
         default_factory=DynamicSamplingSpec, accepts='{"enabled": true, "maxTasksPerStep": N}: draw further tasks '
                                                      'until batchSize groups have variance')
     # turn-level credit (strop.rl.branching): a group branched at a turn; turns the whole group wrote alike
-    branch_at_turn: int | None = _limited("branch_at_turn", None, optional=True)
-    identical_turns: Literal["auto", "skip", "train"] = _field(
-        "auto", accepts='"auto" (skip them where that changes no gradient: klBeta 0), "skip" or "train"')
+    branch_at_turn: int | None = _setting("branch_at_turn")
+    identical_turns: Literal[IDENTICAL_TURNS] = _field(
+        _default("identical_turns"), accepts='"auto" (skip them where that changes no gradient: klBeta 0), "skip" or "train"')
     # how rewards become an update (strop.rl.loss_choices; docs/training.md, "Loss choices"): each at the
     # behaviour strop had before it by default
-    loss_fn: Literal[POLICY_LOSSES] = _field("importance_sampling", accepts=f"one of {_quoted(POLICY_LOSSES)}")
+    loss_fn: Literal[POLICY_LOSSES] = _field(_default("loss_fn"), accepts=f"one of {_quoted(POLICY_LOSSES)}")
     advantage_estimator: Literal[ADVANTAGE_ESTIMATORS] = _field(
-        "group-mean", accepts=f"one of {_quoted(ADVANTAGE_ESTIMATORS)}")
-    loss_aggregation: Literal[LOSS_AGGREGATIONS] = _field("token-sum", accepts=f"one of {_quoted(LOSS_AGGREGATIONS)}")
-    loss_normalizer: float | None = _limited("loss_normalizer", None, optional=True)
-    overlong: Literal[OVERLONG] = _field("keep", accepts=f"one of {_quoted(OVERLONG)}")
-    overlong_buffer: int | None = _limited("overlong_buffer", None, unit="of tokens", optional=True)
-    importance_ratio: Literal[IMPORTANCE_RATIOS] = _field("token", accepts=f"one of {_quoted(IMPORTANCE_RATIOS)}")
-    clip_low: float | None = _limited("clip_low", None, optional=True)
-    clip_high: float | None = _limited("clip_high", None, optional=True)
-    updates_per_batch: int = _limited("updates_per_batch", 1)
-    minibatches: int = _limited("minibatches", 1)
+        _default("advantage_estimator"), accepts=f"one of {_quoted(ADVANTAGE_ESTIMATORS)}")
+    loss_aggregation: Literal[LOSS_AGGREGATIONS] = _field(_default("loss_aggregation"),
+                                                          accepts=f"one of {_quoted(LOSS_AGGREGATIONS)}")
+    loss_normalizer: float | None = _setting("loss_normalizer")
+    overlong: Literal[OVERLONG] = _field(_default("overlong"), accepts=f"one of {_quoted(OVERLONG)}")
+    overlong_buffer: int | None = _setting("overlong_buffer", unit="of tokens")
+    importance_ratio: Literal[IMPORTANCE_RATIOS] = _field(_default("importance_ratio"), accepts=f"one of {_quoted(IMPORTANCE_RATIOS)}")
+    clip_low: float | None = _setting("clip_low")
+    clip_high: float | None = _setting("clip_high")
+    updates_per_batch: int = _setting("updates_per_batch")
+    minibatches: int = _setting("minibatches")
 
 
 class SFTHyperparams(_Strict):
     # supervised fine-tuning (method "sft"): maxSteps is the number of steps, the examples reshuffled each pass
-    epochs: int = _limited("epochs", 1)
-    max_steps: int | None = _limited("max_steps", None, optional=True)
-    batch_size: int = _limited("batch_size", 8)
-    eval_fraction: float = _field(0.1, accepts="a share from 0 up to (not including) 1 of the examples, held out "
+    epochs: int = _setting("epochs")
+    max_steps: int | None = _setting("max_steps")
+    batch_size: int = _setting("batch_size")
+    eval_fraction: float = _field(_default("eval_fraction", SFTConfig), accepts="a share from 0 up to (not including) 1 of the examples, held out "
                                                "for the held-out loss", ge=0, lt=1, allow_inf_nan=False)
     lora: LoraSpec
     optimizer: OptimizerSpec
@@ -269,9 +284,9 @@ class RewardSpec(_Strict):
                                          min_length=1)
     # Bundle graders run sandboxed: each call within timeoutSeconds and memoryMb; a step where more than
     # maxErrorFraction of the calls fail stops the run with the first errors.
-    max_error_fraction: float = _limited("max_reward_error_fraction", 0.5)
-    timeout_seconds: float = _limited("grader_timeout", 10.0, unit="of seconds")
-    memory_mb: int = _limited("grader_memory_mb", 2048, unit="(MiB)")
+    max_error_fraction: float = _setting("max_reward_error_fraction")
+    timeout_seconds: float = _setting("grader_timeout", unit="of seconds")
+    memory_mb: int = _setting("grader_memory_mb", unit="(MiB)")
 
 
 class EnvironmentSpec(_Strict):
@@ -283,8 +298,8 @@ class EnvironmentSpec(_Strict):
 
 
 class RolloutCorrectionSpec(_Strict):
-    mode: Literal["off", "tis"] = _field("off", accepts='"off", or "tis" (truncated importance sampling)')
-    cap: float = _limited("rollout_correction_cap", 2.0)
+    mode: Literal[ROLLOUT_CORRECTIONS] = _field(_default("rollout_correction"), accepts='"off", or "tis" (truncated importance sampling)')
+    cap: float = _setting("rollout_correction_cap")
 
 
 class RunConfig(_Strict):
@@ -298,8 +313,9 @@ class RunConfig(_Strict):
                                                                  "(method sft)")
     reward: RewardSpec | None = _field(None, accepts="the reward terms (needed with a dataset; an environment "
                                                      "gives its own reward)")
-    max_seq_length: int = _limited("max_seq_length")  # and more than maxCompletionLength: cross_field_problems
-    eval_every: int | None = _limited("eval_every", None, optional=True)  # null: no evaluation during training
+    # and more than maxCompletionLength: cross_field_problems
+    max_seq_length: int = _setting("max_seq_length", required=True)
+    eval_every: int | None = _setting("eval_every")  # null: no evaluation during training
     rollout_correction: RolloutCorrectionSpec = _field(
         default_factory=RolloutCorrectionSpec,
         accepts='{"mode": "off" | "tis", "cap": 2.0}: weigh each token by min(p_train / p_sampler, cap)')
@@ -315,24 +331,24 @@ class RaySpec(_Strict):
 
 class ExecutionSpec(_Strict):
     gpus: int = _limited("gpus")
-    save_every: int = _limited("save_every")
-    keep_adapters: int = _limited("keep_adapters")
-    dtype: Literal["auto", "float32", "bfloat16"] = _field(
-        "auto", accepts='"auto" (bfloat16 where the hardware has bf16 units, else float32), "float32" or "bfloat16"')
-    sampler: Literal["auto", "strop", "vllm"] = _field(
-        "auto", accepts='"strop" (strop\'s own decoder), "vllm" (vLLM: pip install -e ".[vllm]") or "auto" (vLLM on '
+    save_every: int = _setting("save_every", required=True)
+    keep_adapters: int = _setting("keep_adapters", required=True)
+    dtype: Literal[DTYPE_CHOICES] = _field(
+        _default("dtype"), accepts='"auto" (bfloat16 where the hardware has bf16 units, else float32), "float32" or "bfloat16"')
+    sampler: Literal[SAMPLER_CHOICES] = _field(
+        _default("sampler"), accepts='"strop" (strop\'s own decoder), "vllm" (vLLM: pip install -e ".[vllm]") or "auto" (vLLM on '
                         'a CUDA GPU where installed, else strop)')
     ray: RaySpec | None = _field(None, accepts='{"address": "auto" | "HOST:PORT", "samplers": N, "envWorkers": N, '
                                               '"trainers": N} to place sampler replicas, environment workers and '
                                               'data-parallel trainers on a Ray cluster (pip install -e ".[ray]"), '
                                               'or null: everything in one process')
-    max_off_policy_steps: int = _limited("max_off_policy_steps", 0)
+    max_off_policy_steps: int = _setting("max_off_policy_steps")
     # the experiment trackers (strop.trackers); whether each is installed is checked when the run is admitted
     report_to: list[Literal[TRACKER_CHOICES]] = _field(
-        default_factory=lambda: list(DEFAULT_TRACKERS), accepts=f"a list of tracker names from "
+        default_factory=lambda: _default("report_to"), accepts=f"a list of tracker names from "
         f"{', '.join(TRACKER_CHOICES)} (each but tensorboard an extra: pip install -e \".[trackers]\"), or []",
         item=f"one of {', '.join(map(repr, TRACKER_CHOICES))}")
-    report_rollouts_every: int | None = _limited("report_rollouts_every", 10, optional=True)
+    report_rollouts_every: int | None = _setting("report_rollouts_every")
 
     @field_validator("report_to")
     @classmethod
@@ -434,22 +450,16 @@ SAMPLING_ONLY = ("groupSize", "klBeta", "temperature", "maxCompletionLength")
 
 def to_sft_config(descriptor: RunDescriptor, dataset: str, **overrides: Any):
     """The supervised loop's config (strop.sft.SFTConfig) of a method-sft descriptor, `dataset` the local file:
-    from sftHyperparams, or from rlHyperparams' epochs, maxSteps, batchSize, lora and optimizer."""
-    # lazy: strop.sft pulls in torch, which checking a descriptor does not need
-    from strop.sft import SFTConfig
-    hp, config = descriptor.config.sft_hyperparams or descriptor.config.rl_hyperparams, descriptor.config
-    values = dict(base_model=descriptor.base_model, dataset=dataset, epochs=hp.epochs, max_steps=hp.max_steps,
-                  batch_size=hp.batch_size, eval_fraction=getattr(hp, "eval_fraction", 0.1),
-                  learning_rate=hp.optimizer.learning_rate,
-                  weight_decay=hp.optimizer.weight_decay, grad_clip_norm=hp.optimizer.grad_clip_norm,
-                  lora_rank=hp.lora.rank, lora_alpha=hp.lora.alpha, max_seq_length=config.max_seq_length,
-                  save_every=descriptor.execution.save_every, keep_adapters=descriptor.execution.keep_adapters,
-                  dtype=descriptor.execution.dtype, ray=descriptor.trainer_ray(), gpus=descriptor.execution.gpus,
-                  report_to=list(descriptor.execution.report_to))
-    if hp.lora.target_modules is not None:
+    each setting read by its path, from sftHyperparams, or from rlHyperparams' epochs, maxSteps, batchSize, lora
+    and optimizer."""
+    hp = "sftHyperparams" if descriptor.config.sft_hyperparams is not None else "rlHyperparams"
+    if (descriptor.config.sft_hyperparams or descriptor.config.rl_hyperparams).lora.target_modules is not None:
         raise DescriptorError("run descriptor cannot be run:\n  $.config.*.lora.targetModules: the supervised loop "
                               "adapts every projection; remove it", ["$.config.*.lora.targetModules: remove it"])
-    return SFTConfig(**{**values, **overrides})
+    data = descriptor.to_dict()
+    values = {name: found for name, path in SFTConfig.descriptor_paths().items()
+              if (found := _at(data, path.replace(".sftHyperparams.", f".{hp}."))) is not _ABSENT}
+    return SFTConfig(**{**values, "dataset": dataset, "ray": descriptor.trainer_ray(), **overrides})
 
 
 def _at(data: Any, path: str) -> Any:

@@ -1,5 +1,5 @@
-"""The run descriptor's checks between the settings of dynamic sampling and the batch they fill, and between
-branchAtTurn and what is trained on, on raw data so they are reported alongside single-field errors
+"""The run descriptor's checks between the settings of dynamic sampling and the batch they fill, between
+branchAtTurn and what is trained on, and between the loss choices, on raw data so they are reported alongside single-field errors
 (`strop.control.descriptor.cross_field_problems` calls these).
 
     sampling_problems({"batchSize": 8, "dynamicSampling": {"enabled": True, "maxTasksPerStep": 4}})
@@ -8,9 +8,13 @@ branchAtTurn and what is trained on, on raw data so they are reported alongside 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+from strop.choices import POLICY_LOSSES
+from strop.rl.config import GRPOConfig
 from strop.rl.limits import LIMITS
+from strop.rl.loss_choices import choice_problems, combination_problems
 
 _AT = "$.config.rlHyperparams.dynamicSampling"
 
@@ -47,3 +51,39 @@ def branching_problems(config: Any) -> list[str]:
 
 def _is_count(value: Any, limit: str) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and LIMITS[limit].problem(value) is None
+
+
+# the settings the combination checks read; the descriptor requires the last two (no default there)
+_CHECKED = ("loss_fn", "advantage_estimator", "loss_aggregation", "loss_normalizer", "overlong", "overlong_buffer",
+            "importance_ratio", "clip_low", "clip_high", "updates_per_batch", "minibatches", "batch_size",
+            "max_completion_length", "group_size")
+_REQUIRED = ("max_completion_length", "group_size")
+
+
+def _descriptor_keys() -> dict[str, tuple[str, object]]:
+    """field -> (its rlHyperparams key, its default there), from the settings' declarations."""
+    paths = GRPOConfig.descriptor_paths()
+    return {name: (paths[name].rsplit(".", 1)[1], None if name in _REQUIRED else GRPOConfig.default_of(name))
+            for name in _CHECKED}
+
+
+def loss_choice_problems(hp) -> list[str]:
+    """strop.rl.loss_choices.combination_problems on a descriptor's raw rlHyperparams, each named by its JSON path; nothing when a
+    value is itself wrong (its field reports it once)."""
+    if not isinstance(hp, dict):
+        return []
+    keys = _descriptor_keys()
+    values = {name: hp.get(key, default) for name, (key, default) in keys.items()}
+    config = SimpleNamespace(**values, scale_by_std=False, loss_fn_config={})
+    if values["loss_fn"] not in POLICY_LOSSES or choice_problems(config) or any(
+            LIMITS[name].problem(values[name]) for name in values if name in LIMITS and values[name] is not None):
+        return []
+    return [f"$.config.rlHyperparams.{keys[name][0]}: {_camel(problem, keys)}"
+            for name, problem in combination_problems(config)]
+
+
+def _camel(text: str, keys: dict[str, tuple[str, object]]) -> str:
+    """A message's field names as the descriptor spells them."""
+    for name in sorted(keys, key=len, reverse=True):
+        text = text.replace(name, keys[name][0])
+    return text

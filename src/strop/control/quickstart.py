@@ -1,4 +1,4 @@
-"""`strop quickstart`: seed 000's story end to end, on the control plane, so every part stays inspectable.
+"""`strop quickstart`: the GSM8K story end to end, on the control plane, so every part stays inspectable.
 
     manifest = quickstart.run_quickstart(QuickstartOptions(out="quickstart-out"))
     quickstart.cleanup("quickstart-out")            # removes what that quickstart made, and nothing else
@@ -38,7 +38,7 @@ TASKS = ("gsm8k", "finance-sql")
 
 @dataclass(frozen=True)
 class QuickstartOptions:
-    task: str = "gsm8k"                 # gsm8k (seed 000: math word problems) | finance-sql (seed 004: tool use)
+    task: str = "gsm8k"                 # gsm8k (math word problems) | finance-sql (tool use)
     base_model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
     dataset: str = "synthetic"          # synthetic | synthetic:LEVEL | gsm8k
     data_file: str | None = None        # a local GSM8K-style file, or a folder with train.jsonl and test.jsonl

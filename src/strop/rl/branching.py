@@ -136,13 +136,11 @@ def untrained_turns(group, skip_identical: bool) -> list[int]:
 
 
 def branching_problems(config) -> list[tuple[str, str]]:
-    """(field, problem) for branch_at_turn and identical_turns."""
+    """(field, problem) for branch_at_turn (identical_turns is one of its choices: the config checks that)."""
     p = []
     # its range is checked with every other number's (strop.rl.limits)
     n = config.branch_at_turn
     if n is not None and LIMITS["branch_at_turn"].problem(n) is None and config.environment is None:
         p.append(("branch_at_turn", "branches the episodes of a tool-use environment; a dataset's episodes have "
                                     "one turn: set environment, or leave branch_at_turn unset"))
-    if config.identical_turns not in IDENTICAL_TURNS:
-        p.append(("identical_turns", f"must be one of {', '.join(IDENTICAL_TURNS)}, got {config.identical_turns!r}"))
     return p

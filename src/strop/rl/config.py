@@ -10,189 +10,169 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 import math
 from pathlib import Path
 
-from strop.choices import DTYPE_CHOICES, POLICY_LOSSES, SAMPLER_CHOICES
-from strop.cluster.settings import RaySettings
+from strop.choices import POLICY_LOSSES, SAMPLER_CHOICES
 from strop.errors import StropError
 from strop.rl.limits import LIMITS
 from strop.rl.dynamic_sampling import sampling_problems
-from strop.rl.loss_choices import choice_problems, combination_problems
+from strop.rl.loss_choices import (ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG,
+                                   combination_problems)
 from strop.rl.branching import IDENTICAL_TURNS, branching_problems
-from strop.trackers import CHOICES as TRACKER_CHOICES, DEFAULT as DEFAULT_TRACKERS, report_to_problems
+from strop.rl.settings import TrainingSettings, setting
 
 KL_REFERENCES = ("start", "base")
+ROLLOUT_CORRECTIONS = ("off", "tis")
 
 LOSS_FNS = POLICY_LOSSES  # the policy-gradient losses (strop.choices; the engine implements them)
 
 
-def _help(text: str, default=None, factory=None, descriptor: str | None = None):
-    """A field with its help text and, when a run descriptor sets it, the descriptor's JSON path."""
-    metadata = {"help": text, **({"descriptor": "$." + descriptor} if descriptor else {})}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-_HP = "config.rlHyperparams."
+_HP = "{hp}."
 
 
 @dataclass
-class GRPOConfig:
-    base_model: str = _help("base model: a catalog id, hub id, local HF directory or strop/tiny-random",
-                            "HuggingFaceTB/SmolLM2-135M-Instruct", descriptor="baseModel")
-    dataset: str = _help("rows to train on: synthetic[:LEVEL], gsm8k, or a .jsonl/.json/.parquet file", "synthetic:add")
-    dataset_limit: int | None = _help("use only the first N rows (None: all)", None)
-    reward_terms: list = _help('reward terms: [{"name": ..., "weight": ..., "grader": "builtin:gsm8k" | PATH#MODULE:FUNCTION}]',
-                               factory=lambda: [{"name": "correct", "weight": 1.0, "grader": "builtin:gsm8k"}])
-    environment: dict | None = _help('a tool-use environment instead of a dataset: {"name": "finance-sql", '
-                                     '"options": {...}, "split": "train"}; episodes of several turns, rewarded by '
-                                     'the environment', None)
-    group_size: int = _help("completions sampled per prompt; GRPO compares them with each other", 8,
-                            descriptor=_HP + "groupSize")
-    batch_size: int = _help("prompts per step", 8, descriptor=_HP + "batchSize")
-    epochs: int = _help("passes over the dataset when max_steps is None", 1, descriptor=_HP + "epochs")
-    max_steps: int | None = _help("the number of steps: the rows are reshuffled each pass until it is reached, "
-                                  "epochs notwithstanding (None: `epochs` passes)", None, descriptor=_HP + "maxSteps")
-    learning_rate: float = _help("AdamW learning rate for the LoRA weights", 1e-4,
-                                 descriptor=_HP + "optimizer.learningRate")
-    weight_decay: float = _help("AdamW weight decay", 0.0, descriptor=_HP + "optimizer.weightDecay")
-    grad_clip_norm: float = _help("clip the gradient to this global norm (0: no clipping)", 1.0,
-                                  descriptor=_HP + "optimizer.gradClipNorm")
-    warmup_steps: int = _help("raise the learning rate linearly over the first N steps (step s uses learning_rate x "
-                              "(s + 1) / N); 0: the full rate from the first step", 0,
-                              descriptor=_HP + "optimizer.warmupSteps")
-    lora_rank: int = _help("LoRA rank", 32, descriptor=_HP + "lora.rank")
-    lora_alpha: float | None = _help("LoRA alpha (None: equal to the rank, a scale of 1)", None,
-                                     descriptor=_HP + "lora.alpha")
-    init_adapter: str | None = _help("start from this LoRA adapter folder (a supervised warm start's final/, a tuned "
-                                     "model's): its weights, rank, alpha and target modules; None: a fresh adapter",
-                                     None)
-    lora_target_modules: list | None = _help("module names LoRA adapts (None: every attention and MLP projection)", None,
-                                             descriptor=_HP + "lora.targetModules")
-    temperature: float = _help("sampling temperature; logprobs are exact behaviour-policy logprobs only at 1.0", 1.0,
-                               descriptor=_HP + "temperature")
-    top_p: float = _help("nucleus sampling mass", 1.0)
-    max_completion_length: int = _help("most tokens per completion", 256, descriptor=_HP + "maxCompletionLength")
-    max_seq_length: int | None = _help("refuse prompts longer than this minus max_completion_length", None,
-                                       descriptor="config.maxSeqLength")
-    kl_beta: float = _help("weight of the KL penalty to the reference model (kl_reference); 0 disables it", 0.0,
-                           descriptor=_HP + "klBeta")
-    kl_reference: str = _help("what the KL penalty measures drift from: start, the model the run started from "
-                              "(init_adapter's weights, a frozen copy; the base model when there is none), or base, "
-                              "the base model with the adapter off (a run from a warm start then pays for keeping "
-                              "what the warm start learnt)", "start", descriptor=_HP + "klReference")
-    variance_on: str | None = _help("the reward term whose spread within a group decides whether the group teaches "
-                                    "anything (for an environment, a term its episodes report, e.g. finance-sql's "
-                                    "correctness); None: the total reward. A group whose episodes all score the same "
-                                    "on it is dropped", None, descriptor=_HP + "varianceOn")
-    dynamic_sampling: bool = _help("DAPO's dynamic sampling: when groups are dropped for zero variance, draw further "
-                                   "tasks (at random, seeded per step) until batch_size groups have variance or "
-                                   "max_tasks_per_step tasks were drawn; metrics record tasksDrawn, groupsKept and "
-                                   "groupsDropped", False, descriptor=_HP + "dynamicSampling.enabled")
-    max_tasks_per_step: int | None = _help("the most tasks dynamic sampling draws for one step, its first batch "
-                                           "included (None: 4 x batch_size)", None,
-                                           descriptor=_HP + "dynamicSampling.maxTasksPerStep")
-    branch_at_turn: int | None = _help("branch each group at this model turn (1-based; an environment's episodes): "
-                                       "one episode is played up to it, then group_size episodes are sampled on "
-                                       "from exactly that state, so the group's mean is a baseline for that turn's "
-                                       "decision; the shared turns are sampled and trained once and carry no "
-                                       "advantage. An episode that ends sooner branches at its last turn. Needs an "
-                                       "environment that gives the same observations for the same task and calls "
-                                       "(strop.rl.branching); 1: an ordinary group; None: no branching", None,
-                                       descriptor=_HP + "branchAtTurn")
-    identical_turns: str = _help(f"turns every episode of a group wrote alike (same context, same tokens): one of "
-                                 f"{', '.join(IDENTICAL_TURNS)}. skip leaves them out of the update (no advantage, "
-                                 "no trainer compute); train trains them as before; auto skips them where that "
-                                 "changes no gradient (loss importance_sampling or cispo, kl_beta 0: their advantages "
-                                 "cancel over the group) and trains them elsewhere", "auto",
-                                 descriptor=_HP + "identicalTurns")
-    scale_by_std: bool = _help("divide group-centred advantages by the group's reward std", False)
-    advantage_estimator: str = _help("the baseline each reward is compared with: group-mean (GRPO), rloo (the mean "
-                                     "of the group's other samples) or reinforce++ (group mean, then every "
-                                     "advantage over the trained groups' std); strop.rl.advantages", "group-mean",
-                                     descriptor=_HP + "advantageEstimator")
-    loss_fn: str = _help(f"policy loss: one of {', '.join(LOSS_FNS)}", "importance_sampling",
-                         descriptor=_HP + "lossFn")
-    loss_aggregation: str = _help("how the update's per-token losses add up: token-sum (every token, summed), "
-                                  "token-mean (over the update's trained tokens: DAPO), sequence-mean (each "
-                                  "sequence's mean, then their mean: the original GRPO) or constant (the sum "
-                                  "over loss_normalizer: Dr. GRPO)", "token-sum", descriptor=_HP + "lossAggregation")
-    loss_normalizer: float | None = _help("what loss_aggregation constant divides by (None: batch_size x group_size "
-                                          "x max_completion_length)", None, descriptor=_HP + "lossNormalizer")
-    overlong: str = _help("completions cut at max_completion_length: keep (trained like the rest), mask (left out "
-                          "of the loss, still in their group's baseline) or soft-penalty (DAPO: the reward falls "
-                          "linearly by up to 1 over the last overlong_buffer tokens)", "keep",
-                          descriptor=_HP + "overlong")
-    overlong_buffer: int | None = _help("tokens before max_completion_length where soft-penalty's penalty grows "
-                                        "from 0 to 1 (None: a quarter of max_completion_length)", None,
-                                        descriptor=_HP + "overlongBuffer")
-    importance_ratio: str = _help("the ratio p / q the loss weighs and clips: token (each token's) or sequence "
-                                  "(GSPO: the geometric mean over the sequence's tokens, one per sequence)", "token",
-                                  descriptor=_HP + "importanceRatio")
-    clip_low: float | None = _help("ppo and cispo: the lowest ratio kept (None: 0.8)", None,
-                                   descriptor=_HP + "clipLow")
-    clip_high: float | None = _help("ppo and cispo: the highest ratio kept (None: 1.2; DAPO's clip-higher raises "
-                                    "it alone, e.g. 1.28)", None, descriptor=_HP + "clipHigh")
-    updates_per_batch: int = _help("optimizer passes over each sampled batch; past the first, the ratio is taken "
-                                   "against the trainer's logprobs before the first update, so ppo's clip binds",
-                                   1, descriptor=_HP + "updatesPerBatch")
-    minibatches: int = _help("optimizer steps each pass makes, each on its share of the batch's datums", 1,
-                             descriptor=_HP + "minibatches")
-    loss_fn_config: dict = _help("loss options, e.g. {'clip_low_threshold': 0.8, 'clip_high_threshold': 1.2}", factory=dict)
-    rollout_correction: str = _help("off, or tis: truncated importance sampling, each token's advantage times "
-                                    "min(p_train / p_sampler, rollout_correction_cap), for the mismatch between "
-                                    "the sampler's and the trainer's numbers (bf16, another engine)", "off",
-                                    descriptor="config.rolloutCorrection.mode")
-    rollout_correction_cap: float = _help("the largest importance weight tis gives a token", 2.0,
-                                          descriptor="config.rolloutCorrection.cap")
-    system_prompt: str | None = _help("system message before each question (None: none)", None)
-    question_suffix: str = _help("text appended to each question", "")
-    renderer: str | None = _help("renderer name (None: the model's recommended one)", None)
-    sandbox_graders: bool = _help("run bundle graders confined by the operating system (strop.scoring.sandbox: "
-                                  "no network, read-only files, time and memory limits, no secrets); built-in "
-                                  "graders always run in-process", True)
-    grader_timeout: float = _help("seconds a sandboxed grader call may take before it scores 0 and its processes "
-                                  "are killed", 10.0, descriptor="config.reward.timeoutSeconds")
-    grader_memory_mb: int = _help("memory limit of a grader's processes together where cgroups allow, and of each "
-                                  "process's address space in any case, in MiB", 2048,
-                                  descriptor="config.reward.memoryMb")
-    max_reward_error_fraction: float = _help("fail the run when more than this fraction of a step's grader calls "
-                                             "fail (raise, hang, crash, non-number)", 0.5,
-                                             descriptor="config.reward.maxErrorFraction")
-    eval_every: int | None = _help("call the run's evaluation hook every N steps (control-plane runs evaluate on their "
-                                   "project's evaluation dataset); None: never", None, descriptor="config.evalEvery")
-    save_every: int = _help("checkpoint every N steps (the last step is always saved)", 10,
-                            descriptor="execution.saveEvery")
-    keep_adapters: int = _help("checkpoints to keep", 4, descriptor="execution.keepAdapters")
-    seed: int = _help("seed for data order, LoRA init and sampling", 0)
-    dtype: str = _help("what the trainer and the sampler compute in: auto (training in bfloat16 where the hardware "
-                       "has bf16 units: a CPU with AVX-512 BF16 or AMX, or a CUDA GPU; float32 elsewhere; sampling "
-                       "in float32 on a CPU), float32 or bfloat16 (both); LoRA weights and every logprob and loss "
-                       "stay float32 (strop.engine.precision)", "auto",
-                       descriptor="execution.dtype")
-    sampler: str = _help("which engine samples: auto (vLLM on a CUDA GPU where it is installed, strop's own decoder "
-                         "elsewhere: the faster on a CPU), strop, or vllm (pip install -e \".[vllm]\"; "
-                         "strop.engine.engine_choice)", "auto", descriptor="execution.sampler")
-    ray: dict | None = _help('place sampler replicas and environment workers on a Ray cluster: {"address": "auto" | '
-                             '"HOST:PORT", "samplers": N, "envWorkers": N} (strop.cluster; pip install -e ".[ray]"); '
-                             'None: everything in this process', None, descriptor="execution.ray")
-    gpus: int | None = _help("GPUs the run asks for: 0 computes on the CPU, 1 on a CUDA GPU (on the CPU where torch "
-                             "sees none); more need execution.ray, a data-parallel trainer a GPU; None: a GPU where "
-                             "there is one (strop.engine.precision.run_device)", None, descriptor="execution.gpus")
-    report_to: list = _help(f"the experiment trackers the run's metrics, config and sample rollouts go to, from "
-                            f"{', '.join(TRACKER_CHOICES)} (each but tensorboard an extra: pip install -e "
-                            f"\".[trackers]\"; strop.trackers); []: none, metrics.jsonl only",
-                            factory=lambda: list(DEFAULT_TRACKERS), descriptor="execution.reportTo")
-    report_rollouts_every: int | None = _help("send a table of the first rollouts of every Nth step (0, N, 2N, ...) "
-                                              "to the trackers that have tables; None: no tables", 10,
-                                              descriptor="execution.reportRolloutsEvery")
-    max_off_policy_steps: int = _help("sample up to this many steps ahead while the trainer updates (0: every step "
-                                      "samples with the weights it trains): rollouts at most this many updates old, "
-                                      "their sampler logprobs correcting the update (importance sampling)", 0,
-                                      descriptor="execution.maxOffPolicySteps")
+class GRPOConfig(TrainingSettings):
+    dataset: str = setting("synthetic:add", "rows to train on: synthetic[:LEVEL] (levels: add, add-sub, mul, mixed, "
+                           "word-1, word-2, word-3), gsm8k, or a .jsonl/.json/.parquet file with question and answer "
+                           "fields", flag="--dataset")
+    dataset_limit: int | None = setting(None, "use only the first N rows of the dataset (or tasks of the "
+                                        "environment); unset: all", flag="--limit", metavar="N")
+    reward_terms: list = setting(help='reward terms: [{"name": ..., "weight": ..., "grader": "builtin:gsm8k" | '
+                                 'PATH#MODULE:FUNCTION}]',
+                                 factory=lambda: [{"name": "correct", "weight": 1.0, "grader": "builtin:gsm8k"}])
+    environment: dict | None = setting(None, 'a tool-use environment instead of a dataset: {"name": "finance-sql", '
+                                       '"options": {...}, "split": "train"}; episodes of several turns, rewarded by '
+                                       'the environment')
+    group_size: int = setting(8, "completions sampled per prompt, at least 2; GRPO compares them with each other",
+                              flag="--group-size", descriptor=_HP + "groupSize")
+    warmup_steps: int = setting(0, "raise the learning rate linearly over the first N steps (step s uses "
+                                "learning_rate x (s + 1) / N); 0: the full rate from the first step",
+                                flag="--warmup-steps", descriptor=_HP + "optimizer.warmupSteps", metavar="N")
+    lora_target_modules: list | None = setting(None, "module names LoRA adapts (unset: every attention and MLP "
+                                               "projection)", descriptor=_HP + "lora.targetModules")
+    temperature: float = setting(1.0, "sampling temperature; logprobs are exact behaviour-policy logprobs only at 1.0",
+                                 flag="--temperature", descriptor=_HP + "temperature")
+    top_p: float = setting(1.0, "nucleus sampling mass")
+    max_completion_length: int = setting(256, "most tokens per completion", flag="--max-tokens",
+                                         descriptor=_HP + "maxCompletionLength")
+    max_seq_length: int | None = setting(None, "refuse prompts longer than this minus max_completion_length",
+                                         descriptor="config.maxSeqLength")
+    kl_beta: float = setting(0.0, "weight of the KL penalty to the reference model (kl_reference); 0 disables it",
+                             flag="--kl-beta", descriptor=_HP + "klBeta")
+    kl_reference: str = setting("start", "what the KL penalty measures drift from: start, the model the run started "
+                                "from (init_adapter's weights, a frozen copy; the base model when there is none), or "
+                                "base, the base model with the adapter off (a run from a warm start then pays for "
+                                "keeping what the warm start learnt)", flag="--kl-reference",
+                                descriptor=_HP + "klReference", choices=KL_REFERENCES)
+    variance_on: str | None = setting(None, "the reward term whose spread within a group decides whether the group "
+                                      "teaches anything (for an environment, a term its episodes report, e.g. "
+                                      "finance-sql's correctness); unset: the total reward. A group whose episodes "
+                                      "all score the same on it is dropped", flag="--variance-on",
+                                      descriptor=_HP + "varianceOn", metavar="TERM")
+    dynamic_sampling: bool = setting(False, "DAPO's dynamic sampling: when groups are dropped for zero variance, "
+                                     "draw further tasks (at random, seeded per step) until batch_size groups have "
+                                     "variance or max_tasks_per_step tasks were drawn; metrics record tasksDrawn, "
+                                     "groupsKept and groupsDropped", flag="--dynamic-sampling",
+                                     descriptor=_HP + "dynamicSampling.enabled")
+    max_tasks_per_step: int | None = setting(None, "the most tasks dynamic sampling draws for one step, its first "
+                                             "batch included (unset: 4 x batch_size)", flag="--max-tasks-per-step",
+                                             descriptor=_HP + "dynamicSampling.maxTasksPerStep", metavar="N")
+    branch_at_turn: int | None = setting(None, "branch each group at this model turn (1-based; an environment's "
+                                         "episodes): one episode is played up to it, then group_size episodes are "
+                                         "sampled on from exactly that state, so the group's mean is a baseline for "
+                                         "that turn's decision; the shared turns are sampled and trained once and "
+                                         "carry no advantage. An episode that ends sooner branches at its last turn. "
+                                         "Needs an environment that gives the same observations for the same task "
+                                         "and calls (strop.rl.branching); 1: an ordinary group; unset: no branching",
+                                         flag="--branch-at-turn", descriptor=_HP + "branchAtTurn", metavar="N")
+    identical_turns: str = setting("auto", "turns every episode of a group wrote alike (same context, same tokens): "
+                                   "skip leaves them out of the update (no advantage, no trainer compute); train "
+                                   "trains them as before; auto skips them where that changes no gradient (loss_fn "
+                                   "importance_sampling or cispo, kl_beta 0: their advantages cancel over the group) "
+                                   "and trains them elsewhere", flag="--identical-turns",
+                                   descriptor=_HP + "identicalTurns", choices=IDENTICAL_TURNS)
+    scale_by_std: bool = setting(False, "divide group-centred advantages by the group's reward std",
+                                 flag="--scale-by-std")
+    advantage_estimator: str = setting("group-mean", "the baseline each reward is compared with: group-mean (GRPO), "
+                                       "rloo (the mean of the group's other samples) or reinforce++ (group mean, then "
+                                       "every advantage over the trained groups' std); strop.rl.advantages",
+                                       flag="--advantage-estimator", descriptor=_HP + "advantageEstimator",
+                                       choices=ADVANTAGE_ESTIMATORS)
+    loss_fn: str = setting("importance_sampling", "the policy loss", flag="--loss", descriptor=_HP + "lossFn",
+                           choices=LOSS_FNS)
+    loss_aggregation: str = setting("token-sum", "how the update's per-token losses add up: token-sum (every token, "
+                                    "summed), token-mean (over the update's trained tokens: DAPO), sequence-mean "
+                                    "(each sequence's mean, then their mean: the original GRPO) or constant (the sum "
+                                    "over loss_normalizer: Dr. GRPO)", flag="--loss-aggregation",
+                                    descriptor=_HP + "lossAggregation", choices=LOSS_AGGREGATIONS)
+    loss_normalizer: float | None = setting(None, "what loss_aggregation constant divides by (unset: batch_size x "
+                                            "group_size x max_completion_length)", flag="--loss-normalizer",
+                                            descriptor=_HP + "lossNormalizer", metavar="C")
+    overlong: str = setting("keep", "completions cut at max_completion_length: keep (trained like the rest), mask "
+                            "(left out of the loss, still in their group's baseline) or soft-penalty (DAPO: the "
+                            "reward falls linearly by up to 1 over the last overlong_buffer tokens)", flag="--overlong",
+                            descriptor=_HP + "overlong", choices=OVERLONG)
+    overlong_buffer: int | None = setting(None, "tokens before max_completion_length where soft-penalty's penalty "
+                                          "grows from 0 to 1 (unset: a quarter of max_completion_length)",
+                                          flag="--overlong-buffer", descriptor=_HP + "overlongBuffer", metavar="N")
+    importance_ratio: str = setting("token", "the ratio p / q the loss weighs and clips: token (each token's) or "
+                                    "sequence (GSPO: the geometric mean over the sequence's tokens, one per sequence)",
+                                    flag="--importance-ratio", descriptor=_HP + "importanceRatio",
+                                    choices=IMPORTANCE_RATIOS)
+    clip_low: float | None = setting(None, "ppo and cispo: the lowest ratio kept (unset: 0.8)", flag="--clip-low",
+                                     descriptor=_HP + "clipLow")
+    clip_high: float | None = setting(None, "ppo and cispo: the highest ratio kept (unset: 1.2; DAPO's clip-higher "
+                                      "raises it alone, e.g. 1.28)", flag="--clip-high", descriptor=_HP + "clipHigh")
+    updates_per_batch: int = setting(1, "optimizer passes over each sampled batch; past the first, the ratio is taken "
+                                     "against the trainer's logprobs before the first update, so ppo's clip binds",
+                                     flag="--updates-per-batch", descriptor=_HP + "updatesPerBatch", metavar="N")
+    minibatches: int = setting(1, "optimizer steps each pass makes, each on its share of the batch's datums",
+                               flag="--minibatches", descriptor=_HP + "minibatches", metavar="N")
+    loss_fn_config: dict = setting(help="loss options, e.g. {'clip_low_threshold': 0.8, 'clip_high_threshold': 1.2}",
+                                   factory=dict)
+    rollout_correction: str = setting("off", "off, or tis: truncated importance sampling, each token's advantage "
+                                      "times min(p_train / p_sampler, rollout_correction_cap), for the mismatch "
+                                      "between the sampler's and the trainer's numbers (bf16, another engine)",
+                                      flag="--rollout-correction", descriptor="config.rolloutCorrection.mode",
+                                      choices=ROLLOUT_CORRECTIONS)
+    rollout_correction_cap: float = setting(2.0, "the largest importance weight tis gives a token",
+                                            flag="--rollout-correction-cap", descriptor="config.rolloutCorrection.cap")
+    system_prompt: str | None = setting(None, "system message before each question (unset: none)",
+                                        flag="--system-prompt")
+    question_suffix: str = setting("", "text appended to each question", flag="--question-suffix")
+    sandbox_graders: bool = setting(True, "run bundle graders confined by the operating system "
+                                    "(strop.scoring.sandbox: no network, read-only files, time and memory limits, no "
+                                    "secrets); built-in graders always run in-process")
+    grader_timeout: float = setting(10.0, "seconds a sandboxed grader call may take before it scores 0 and its "
+                                    "processes are killed", descriptor="config.reward.timeoutSeconds")
+    grader_memory_mb: int = setting(2048, "memory limit of a grader's processes together where cgroups allow, and of "
+                                    "each process's address space in any case, in MiB",
+                                    descriptor="config.reward.memoryMb")
+    max_reward_error_fraction: float = setting(0.5, "fail the run when more than this fraction of a step's grader "
+                                               "calls fail (raise, hang, crash, non-number)",
+                                               descriptor="config.reward.maxErrorFraction")
+    eval_every: int | None = setting(None, "call the run's evaluation hook every N steps (control-plane runs evaluate "
+                                     "on their project's evaluation dataset); unset: never",
+                                     descriptor="config.evalEvery")
+    sampler: str = setting("auto", "which engine samples the rollouts: strop (its own decoder), vllm (pip install -e "
+                           "\".[vllm]\", or STROP_VLLM_PYTHON naming a Python that has it) or auto (vLLM on a CUDA "
+                           "GPU where installed, strop's decoder elsewhere, the faster on a CPU; STROP_SAMPLER sets "
+                           "what auto means)", flag="--sampler", descriptor="execution.sampler",
+                           choices=SAMPLER_CHOICES)
+    ray: dict | None = setting(None, 'place sampler replicas and environment workers on a Ray cluster: {"address": '
+                               '"auto" | "HOST:PORT", "samplers": N, "envWorkers": N} (strop.cluster; pip install -e '
+                               '".[ray]"); unset: everything in this process', descriptor="execution.ray")
+    report_rollouts_every: int | None = setting(10, "send a table of the first rollouts of every Nth step (0, N, "
+                                                "2N, ...) to the trackers that have tables; unset: no tables",
+                                                flag="--report-rollouts-every", metavar="N",
+                                                descriptor="execution.reportRolloutsEvery")
+    max_off_policy_steps: int = setting(0, "sample up to this many steps ahead while the trainer updates (0: every "
+                                        "step samples with the weights it trains): rollouts at most this many "
+                                        "updates old, their sampler logprobs correcting the update (importance "
+                                        "sampling)", flag="--max-off-policy-steps",
+                                        descriptor="execution.maxOffPolicySteps")
 
     def __post_init__(self):
         problems = self.validate()
@@ -212,47 +192,21 @@ class GRPOConfig:
                 + f"; known fields: {', '.join(sorted(known))}") for name in unknown]
         draft = cls.__new__(cls)
         for f in fields(cls):
-            default = f.default_factory() if f.default_factory is not MISSING else f.default
-            setattr(draft, f.name, values.get(f.name, default))
+            setattr(draft, f.name, values[f.name] if f.name in values else cls.default_of(f.name))
         return draft.field_problems()
-
-    @classmethod
-    def descriptor_paths(cls) -> dict[str, str]:
-        """field -> the JSON path of the run descriptor setting it (`$.config.rlHyperparams.groupSize`)."""
-        return {f.name: f.metadata["descriptor"] for f in fields(cls) if "descriptor" in f.metadata}
 
     def validate(self) -> list[str]:
         return [f"{name}: {problem}" for name, problem in self.field_problems()]
 
     def field_problems(self) -> list[tuple[str, str]]:
-        p = []
-        # every size, count and number within its range (strop.rl.limits: the same table the descriptor's
-        # structure check uses)
-        for name, limit in LIMITS.items():
-            if name in _FIELDS:
-                problem = limit.problem(getattr(self, name))
-                if problem:
-                    p.append((name, problem))
-        if self.loss_fn not in LOSS_FNS:
-            p.append(("loss_fn", f"must be one of {', '.join(LOSS_FNS)}, got {self.loss_fn!r}"))
-        if self.rollout_correction not in ("off", "tis"):
-            p.append(("rollout_correction", f"must be off or tis, got {self.rollout_correction!r}"))
+        # every number within its range (strop.rl.limits), every choice among its values
+        p = self.shared_problems()
         if self.rollout_correction == "tis" and self.loss_fn not in POLICY_LOSSES:
             p.append(("rollout_correction", f"tis corrects a policy loss ({', '.join(POLICY_LOSSES)}), not "
                                             f"{self.loss_fn!r}"))
-        p.extend(choice_problems(self))
         p.extend(combination_problems(self))
-        if self.kl_reference not in KL_REFERENCES:
-            p.append(("kl_reference", f"must be one of {', '.join(KL_REFERENCES)}, got {self.kl_reference!r}"))
         p.extend(sampling_problems(self))
         p.extend(branching_problems(self))
-        if self.dtype not in DTYPE_CHOICES:
-            p.append(("dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}"))
-        if self.sampler not in SAMPLER_CHOICES:
-            p.append(("sampler", f"must be one of {', '.join(SAMPLER_CHOICES)}, got {self.sampler!r}"))
-        if self.ray is not None:
-            p.extend(("ray", problem) for problem in RaySettings.problems(self.ray))
-        p.extend(("report_to", problem) for problem in report_to_problems(self.report_to))
         if _is_int(self.max_seq_length) and _is_int(self.max_completion_length) \
                 and self.max_seq_length <= self.max_completion_length:
             p.append(("max_seq_length", f"must exceed max_completion_length ({self.max_completion_length}) to "
@@ -281,11 +235,6 @@ class GRPOConfig:
         return asdict(self)
 
     @classmethod
-    def defaults(cls) -> dict:
-        """Every field that has a plain default, by name (what a config saved before the field existed meant)."""
-        return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
-
-    @classmethod
     def from_dict(cls, data: dict) -> GRPOConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -295,13 +244,6 @@ class GRPOConfig:
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        return {f.name: f.metadata.get("help", "") for f in fields(cls)}
-
-
-_FIELDS = frozenset(f.name for f in fields(GRPOConfig))
 
 
 def _is_int(value) -> bool:

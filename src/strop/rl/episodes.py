@@ -30,7 +30,6 @@ from strop.renderers.tools import STOP, parse_tool_calls
 from strop.rl.types import Rollout, Turn
 from strop.scoring import score_terms
 from strop.scoring.score_range import SCORE_RANGE, score_problem
-from strop.tool_calls import ToolCall
 
 OBSERVATION_CHARS = 16_000  # ~4,000 tokens: a page of rows; one 37 MB observation would have gone in whole
 NO_CALL = ("No tool call found. Call a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; "

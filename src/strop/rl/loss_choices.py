@@ -14,9 +14,7 @@ once a config is known; no torch, so checking a config loads nothing. Each is of
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
-from strop.choices import POLICY_LOSSES
 from strop.rl.limits import LIMITS
 
 ADVANTAGE_ESTIMATORS = ("group-mean", "rloo", "reinforce++")
@@ -28,9 +26,7 @@ SCALED_LOSSES = ("importance_sampling", "ppo", "cispo")
 CLIPPED_LOSSES = ("ppo", "cispo")
 CLIP_DEFAULTS = (0.8, 1.2)   # the engine's own (strop.engine.losses.sequence_loss)
 
-# the GRPOConfig fields these are, each a `strop train` flag of the same name (--loss-aggregation, ...)
-FIELDS = ("advantage_estimator", "loss_aggregation", "loss_normalizer", "overlong", "overlong_buffer",
-          "importance_ratio", "clip_low", "clip_high", "updates_per_batch", "minibatches")
+# the choices a descriptor's combination check reads before the config is made (GRPOConfig declares them too)
 CHOICES = {"advantage_estimator": ADVANTAGE_ESTIMATORS, "loss_aggregation": LOSS_AGGREGATIONS,
            "overlong": OVERLONG, "importance_ratio": IMPORTANCE_RATIOS}
 
@@ -125,34 +121,3 @@ def _is_int(value) -> bool:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-# the run descriptor's rlHyperparams key of each setting the checks read, and its default there
-_DESCRIPTOR = {"loss_fn": ("lossFn", "importance_sampling"), "advantage_estimator": ("advantageEstimator", "group-mean"),
-               "loss_aggregation": ("lossAggregation", "token-sum"), "loss_normalizer": ("lossNormalizer", None),
-               "overlong": ("overlong", "keep"), "overlong_buffer": ("overlongBuffer", None),
-               "importance_ratio": ("importanceRatio", "token"), "clip_low": ("clipLow", None),
-               "clip_high": ("clipHigh", None), "updates_per_batch": ("updatesPerBatch", 1),
-               "minibatches": ("minibatches", 1), "max_completion_length": ("maxCompletionLength", None),
-               "batch_size": ("batchSize", 8), "group_size": ("groupSize", None)}
-
-
-def descriptor_problems(hp) -> list[str]:
-    """combination_problems on a descriptor's raw rlHyperparams, each named by its JSON path; nothing when a
-    value is itself wrong (its field reports it once)."""
-    if not isinstance(hp, dict):
-        return []
-    values = {name: hp.get(key, default) for name, (key, default) in _DESCRIPTOR.items()}
-    config = SimpleNamespace(**values, scale_by_std=False, loss_fn_config={})
-    if values["loss_fn"] not in POLICY_LOSSES or choice_problems(config) or any(
-            LIMITS[name].problem(values[name]) for name in values if name in LIMITS and values[name] is not None):
-        return []
-    return [f"$.config.rlHyperparams.{_DESCRIPTOR[name][0]}: {_camel(problem)}"
-            for name, problem in combination_problems(config)]
-
-
-def _camel(text: str) -> str:
-    """A message's field names as the descriptor spells them."""
-    for name in sorted(_DESCRIPTOR, key=len, reverse=True):
-        text = text.replace(name, _DESCRIPTOR[name][0])
-    return text

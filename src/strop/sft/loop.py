@@ -19,7 +19,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,69 +27,13 @@ from tqdm import tqdm
 
 from strop import model_info, types
 from strop.client import ServiceClient
-from strop.errors import StropError
 from strop.renderers import get_renderer
 from strop.rl import checkpoints
-from strop.rl.limits import LIMITS
-from strop.rl.config import DTYPE_CHOICES
-from strop.cluster.settings import RaySettings
 from strop.rl.metrics import RunLog, read_jsonl
 from strop.rl.skipped import SkippedUpdates
 from strop.rl.step import adam_params, training_client
+from strop.sft.config import SFTConfig
 from strop.sft.data import Example, check_file, load_examples
-from strop.trackers import DEFAULT as DEFAULT_TRACKERS, report_to_problems
-
-
-@dataclass
-class SFTConfig:
-    base_model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    dataset: str = ""                      # a .jsonl of transcripts or prompt/completion pairs (strop.sft.data)
-    eval_fraction: float = 0.1             # held out for the held-out loss (at least one example)
-    epochs: int = 1
-    max_steps: int | None = None           # the number of steps, the examples reshuffled each pass
-    batch_size: int = 8
-    learning_rate: float = 1e-4
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 1.0
-    lora_rank: int = 32
-    lora_alpha: float | None = None
-    max_seq_length: int = 2048
-    eval_every: int | None = None          # held-out loss every N steps (always before the first and at the end)
-    save_every: int = 10
-    keep_adapters: int = 4
-    seed: int = 0
-    renderer: str | None = None
-    init_adapter: str | None = None        # continue from this adapter folder (its rank, alpha, targets)
-    dtype: str = "auto"                    # auto | float32 | bfloat16 (strop.engine.precision)
-    ray: dict | None = None                # {"address", "trainers"}: train on a Ray cluster (strop.cluster)
-    gpus: int | None = None                # execution.gpus: 0 the CPU, 1 a GPU where there is one (run_device)
-    report_to: list = field(default_factory=lambda: list(DEFAULT_TRACKERS))  # execution.reportTo: strop.trackers
-
-    def __post_init__(self):
-        problems = self.problems()
-        if problems:
-            raise StropError("invalid supervised config:\n  " + "\n  ".join(problems))
-
-    def problems(self) -> list[str]:
-        found = []
-        for f in fields(self):
-            if f.name in LIMITS:
-                problem = LIMITS[f.name].problem(getattr(self, f.name))
-                if problem:
-                    found.append(f"{f.name}: {problem}")
-        if self.dtype not in DTYPE_CHOICES:
-            found.append(f"dtype: must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
-        if self.ray is not None:
-            found.extend(f"ray: {problem}" for problem in RaySettings.problems(self.ray))
-        found.extend(f"report_to: {problem}" for problem in report_to_problems(self.report_to))
-        if not isinstance(self.dataset, str) or not self.dataset:
-            found.append("dataset: give a .jsonl file of chat transcripts or prompt/completion pairs")
-        if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
-            found.append(f"eval_fraction: must be a share from 0 up to (not including) 1, got {self.eval_fraction!r}")
-        return found
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
