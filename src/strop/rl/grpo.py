@@ -22,6 +22,7 @@ import json
 import math
 import random
 import sys
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,94 +125,86 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
     training_client, renderer)` runs every that many steps, before the last one (whoever runs the loop
     evaluates the final model). `announce` prints the run folder to stderr once it exists (and the step a
     resumed run starts at)."""
+    run_dir = Path(run_dir)
     if service is None:  # before a model loads: the sampler starts only after it did
         require_vllm(config.sampler, config.ray)
-    sandbox = None
-    if config.sandbox_graders and any(not str(t.get("grader", "")).startswith("builtin:") for t in config.reward_terms):
-        ray = RaySettings.from_spec(config.ray)
-        if ray is not None and ray.env_workers and not config.environment:  # a dataset's environment: its graders
-            from strop.cluster.graders import GraderWorkers  # lazy: Ray is an extra
-            sandbox = GraderWorkers(ray, timeout=config.grader_timeout, memory_mb=config.grader_memory_mb,
-                                    hide=[run_dir])
-        else:
-            sandbox = SandboxPool(timeout=config.grader_timeout, memory_mb=config.grader_memory_mb, hide=[run_dir])
-    try:
-        return _run_grpo(config, Path(run_dir), sandbox, service=service, progress=progress, rows=rows,
-                         announce=announce, on_eval=on_eval)
-    finally:
+    with ExitStack() as stack:  # whatever was started is closed, in reverse, however the run ends
+        sandbox = _grader_sandbox(config, run_dir)
         if sandbox is not None:
-            sandbox.close()
-
-
-def _run_grpo(config: GRPOConfig, run_dir: Path, sandbox, *, service, progress, rows, announce,
-              on_eval) -> RunResult:
-    """The data (rows, or an environment's tasks), then `_train`; the environments are closed at the end."""
-    # everything that can fail on bad input happens before the run folder exists: nothing half-written
-    pool = None
-    if config.environment:
-        pool = EnvPool(config.environment, config.batch_size * config.group_size, ray=RaySettings.from_spec(config.ray))
-        items = pool.tasks(config.environment.get("split", "train"), config.dataset_limit)
-    else:
-        items = rows if rows is not None else load_rows(config.dataset, split="train", limit=config.dataset_limit,
-                                                        seed=config.seed)
-    try:
+            stack.callback(sandbox.close)
+        # everything that can fail on bad input happens before the run folder exists: nothing half-written
+        pool = None
+        if config.environment:
+            pool = EnvPool(config.environment, config.batch_size * config.group_size,
+                           ray=RaySettings.from_spec(config.ray))
+            stack.callback(pool.close)
+            items = pool.tasks(config.environment.get("split", "train"), config.dataset_limit)
+        else:
+            items = rows if rows is not None else load_rows(config.dataset, split="train",
+                                                            limit=config.dataset_limit, seed=config.seed)
         if not items:
             raise StropError(f"dataset {config.dataset!r} has no rows to train on")
-        return _train(config, run_dir, items, pool, sandbox, service=service, progress=progress, announce=announce,
-                      on_eval=on_eval)
-    finally:
+        if service is None:
+            service = ServiceClient(dtype=config.dtype, sampler=config.sampler, ray=config.ray,
+                                    sampler_options={"log_dir": str(run_dir)},  # a vLLM engine logs into the run
+                                    gpus=config.gpus)
+            stack.callback(service.close)  # a vLLM engine's process ends with the run
+        # the reward terms first: a grader that does not exist is one error in a second, before the base model is
+        # loaded (a first use of SmolLM2 converts it: most of a minute)
         if pool is not None:
-            pool.close()
+            source = EnvironmentSource(pool, system_prompt=config.system_prompt)
+        else:
+            source = ProblemSource(terms_from_spec(config.reward_terms, sandbox=sandbox),
+                                   system_prompt=config.system_prompt, question_suffix=config.question_suffix)
+        training = training_client(service, config)
+        renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
+                                training.get_tokenizer())
+        if pool is None and config.max_seq_length:
+            check_prompt_lengths(renderer, items, config)
+        memory = plan(config, renderer, items, env=pool.first if pool is not None else None, service=service)
+        training.set_micro_batch_tokens(memory["tokensPerMicroBatch"])
+        base_sampler = reference_sampler(service, config)  # the KL reference, read before a resume loads a checkpoint
+
+        start_step = checkpoints.resume(training, run_dir)
+        config.save(run_dir / "config.json")
+        service.start_sampler(config.base_model)  # a vLLM, or a Ray cluster, that is missing fails the run here
+        if pool is not None:
+            pool.fill()  # environment workers too
+        facts = {**training.engine_facts(), **(pool.facts() if pool is not None else {}),
+                 **getattr(sandbox, "facts", {})}
+        (run_dir / "engine.json").write_text(json.dumps(facts, indent=2))
+        if announce:
+            print(f"run folder: {run_dir}" + (f" (resuming at step {start_step})" if start_step else ""),
+                  file=sys.stderr)
+        batches = StepBatches(len(items), config)
+        ctx = StepContext(config=config, training=training, renderer=renderer, source=source,
+                          adam=adam_params(config), base_sampler=base_sampler,
+                          log=RunLog(run_dir, start_step=start_step, report_to=config.report_to,
+                                     config=config.to_dict(), rollouts_every=config.report_rollouts_every),
+                          draw=TaskDraws(items, config.seed) if config.dynamic_sampling else None)
+        _steps(ctx, items, batches, start_step, run_dir, progress=progress, on_eval=on_eval)
+        final = Path(training.save_weights(str(run_dir / "final")).result().path)
+    return RunResult(run_dir=run_dir, steps=len(batches), final_adapter=final,
+                     metrics=read_jsonl(run_dir / "metrics.jsonl"))
 
 
-def _train(config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, service, progress, announce,
-           on_eval) -> RunResult:
-    if service is not None:
-        return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce,
-                         on_eval=on_eval)
-    service = ServiceClient(dtype=config.dtype, sampler=config.sampler, ray=config.ray,
-                            sampler_options={"log_dir": str(run_dir)},  # a vLLM engine logs into the run folder
-                            gpus=config.gpus)
-    try:
-        return _train_on(service, config, run_dir, items, pool, sandbox, progress=progress, announce=announce,
-                         on_eval=on_eval)
-    finally:
-        service.close()  # a vLLM engine's process ends with the run
+def _grader_sandbox(config: GRPOConfig, run_dir: Path):
+    """Where bundle graders run: confined worker processes here, on Ray's environment workers for a dataset run
+    on a cluster that has them, or nowhere (built-in graders only, or sandboxing off)."""
+    if not config.sandbox_graders or all(str(t.get("grader", "")).startswith("builtin:") for t in config.reward_terms):
+        return None
+    ray = RaySettings.from_spec(config.ray)
+    if ray is not None and ray.env_workers and not config.environment:  # a dataset's environment: its graders
+        from strop.cluster.graders import GraderWorkers  # lazy: Ray is an extra
+        return GraderWorkers(ray, timeout=config.grader_timeout, memory_mb=config.grader_memory_mb, hide=[run_dir])
+    return SandboxPool(timeout=config.grader_timeout, memory_mb=config.grader_memory_mb, hide=[run_dir])
 
 
-def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, sandbox, *, progress, announce,
-              on_eval) -> RunResult:
-    # the reward terms first: a grader that does not exist is one error in a second, before the base model is
-    # loaded (a first use of SmolLM2 converts it: most of a minute)
-    if pool is not None:
-        source = EnvironmentSource(pool, system_prompt=config.system_prompt)
-    else:
-        source = ProblemSource(terms_from_spec(config.reward_terms, sandbox=sandbox),
-                               system_prompt=config.system_prompt, question_suffix=config.question_suffix)
-    training = training_client(service, config)
-    renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
-                            training.get_tokenizer())
-    if pool is None and config.max_seq_length:
-        check_prompt_lengths(renderer, items, config)
-    memory = plan(config, renderer, items, env=pool.first if pool is not None else None, service=service)
-    training.set_micro_batch_tokens(memory["tokensPerMicroBatch"])
-    base_sampler = reference_sampler(service, config)  # the KL reference, read before a resume loads a checkpoint
-
-    start_step = checkpoints.resume(training, run_dir)
-    config.save(run_dir / "config.json")
-    service.start_sampler(config.base_model)  # a vLLM, or a Ray cluster, that is missing fails the run here
-    if pool is not None:
-        pool.fill()  # environment workers too
-    facts = {**training.engine_facts(), **(pool.facts() if pool is not None else {}), **getattr(sandbox, "facts", {})}
-    (run_dir / "engine.json").write_text(json.dumps(facts, indent=2))
-    if announce:
-        print(f"run folder: {run_dir}" + (f" (resuming at step {start_step})" if start_step else ""), file=sys.stderr)
-    batches = StepBatches(len(items), config)
-    log = RunLog(run_dir, start_step=start_step, report_to=config.report_to, config=config.to_dict(),
-                 rollouts_every=config.report_rollouts_every)
-    ctx = StepContext(config=config, training=training, renderer=renderer, source=source, adam=adam_params(config),
-                      log=log, base_sampler=base_sampler,
-                      draw=TaskDraws(items, config.seed) if config.dynamic_sampling else None)
+def _steps(ctx: StepContext, items: list, batches: StepBatches, start_step: int, run_dir: Path, *, progress: bool,
+           on_eval) -> None:
+    """The steps from `start_step` on: each logged, counted for skipped updates, evaluated and checkpointed when
+    due; the log (and its trackers), the progress bar and any sampling ahead closed however they end."""
+    config, training, log = ctx.config, ctx.training, ctx.log
     bar = _progress(len(batches), start_step, progress)
     skipped = SkippedUpdates(config.max_reward_error_fraction)
     ahead = None
@@ -234,7 +227,7 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
                 bar.update(1)
             if on_eval is not None and config.eval_every and (step + 1) % config.eval_every == 0 \
                     and step + 1 < len(batches):
-                on_eval(step + 1, training, renderer)
+                on_eval(step + 1, training, ctx.renderer)
             if (step + 1) % config.save_every == 0 or step + 1 == len(batches):
                 checkpoints.save(training, run_dir, step + 1, config.keep_adapters)
     finally:
@@ -243,9 +236,6 @@ def _train_on(service, config: GRPOConfig, run_dir: Path, items: list, pool, san
         log.close()
         if bar is not None:
             bar.close()
-    final = Path(training.save_weights(str(run_dir / "final")).result().path)
-    return RunResult(run_dir=run_dir, steps=len(batches), final_adapter=final,
-                     metrics=read_jsonl(run_dir / "metrics.jsonl"))
 
 
 def _progress(total: int, start: int, enabled: bool):
