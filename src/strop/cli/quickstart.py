@@ -146,7 +146,7 @@ def _show(m: dict) -> str:
 
 def _cleanup(args) -> int:
     # lazy: strop.control.quickstart pulls in pydantic, which importing this module does not need
-    from strop.control.quickstart import cleanup
+    from strop.control.quickstart_cleanup import cleanup
     removed = cleanup(args.out)
     emit(args, removed, lambda r: "\n".join(f"{k}: {', '.join(map(str, v)) or '-'}" for k, v in r.items()))
     return 0
