@@ -93,11 +93,11 @@ class _Process:
                     written = os.write(self._to_child, view)
                     view = view[written:]
             except (BrokenPipeError, OSError) as exc:
-                raise self.died(f"took no request ({exc})") from None
+                raise self.died(f"before it took {message.get('op')!r} ({exc})") from None
             deadline = None if timeout is None else time.monotonic() + timeout
             while b"\n" not in self._buffer:
                 if self.popen.poll() is not None:
-                    raise self.died("exited")
+                    raise self.died(f"while answering {message.get('op')!r}")
                 wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
                 if wait <= 0:
                     raise VllmEngineError(f"the vLLM engine did not answer {message.get('op')!r} within "
@@ -105,12 +105,8 @@ class _Process:
                 ready, _, _ = select.select([self._from_child], [], [], wait)
                 if ready:
                     chunk = os.read(self._from_child, 1 << 20)
-                    if not chunk:  # the pipe closes when the process ends: give it a moment to be reaped
-                        try:
-                            self.popen.wait(timeout=10)
-                        except subprocess.TimeoutExpired:
-                            raise self.died("closed its reply pipe") from None
-                        raise self.died("exited")
+                    if not chunk:  # the pipe closes when the process ends
+                        raise self.died(f"while answering {message.get('op')!r}")
                     self._buffer += chunk
             line, _, self._buffer = self._buffer.partition(b"\n")
         reply = json.loads(line)
@@ -119,15 +115,21 @@ class _Process:
                                   f"{self.log_path}" + (f"\n{self.log_tail()}" if reply.get("fatal") else ""))
         return reply
 
-    def died(self, how: str) -> VllmEngineError:
-        code = self.popen.poll()
+    def died(self, when: str) -> VllmEngineError:
+        """The error for an engine whose pipe broke: a broken pipe is seen before the process is reaped, so
+        wait a moment for its exit status, which says why (a signal, an exit code)."""
+        try:
+            code = self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return VllmEngineError(f"the vLLM engine process closed its pipe {when} but did not exit; its log: "
+                                   f"{self.log_path}\n{self.log_tail()}")
         cause = f"exit code {code}"
-        if code is not None and code < 0:
+        if code < 0:
             try:
                 cause += f", killed by {signal.Signals(-code).name}"
             except ValueError:
                 pass
-        return VllmEngineError(f"the vLLM engine process {how} ({cause}); its log: {self.log_path}\n"
+        return VllmEngineError(f"the vLLM engine process exited ({cause}) {when}; its log: {self.log_path}\n"
                                f"{self.log_tail()}")
 
     def log_tail(self, lines: int = 15) -> str:

@@ -1,4 +1,4 @@
-"""Reward terms scored by an LLM judge on a rubric (issue 40, item 6).
+"""Reward terms scored by an LLM judge on a rubric.
 
 A judge term is a grader like any other (`strop.scoring.terms`): called per completion, it returns a score in
 0..1, and when no verdict can be had (a timeout, an HTTP error, a reply that does not parse) it raises, so the
