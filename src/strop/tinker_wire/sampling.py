@@ -11,7 +11,8 @@ import secrets
 from dataclasses import replace
 
 from strop.serve.generation import spanning_stop
-from strop.tinker_wire.service import Continue, TinkerService
+from strop.tinker_wire.records import Continue
+from strop.tinker_wire.service import TinkerService
 from strop.types import ModelInput, SampledSequence, SampleResponse, SamplingParams
 
 

@@ -8,8 +8,9 @@ Every request that computes (create a model, forward_backward, optim_step, save,
 one worker thread and answers at once with a future id, as Tinker's service does; the SDK then long-polls
 `retrieve_future`. The worker takes training jobs from the sessions in turn (round robin, each session's own in
 the order they came), so one busy client does not starve another, and runs the sampling requests that are waiting
-together, batched by the engine, between training jobs. A session's jobs, models, samplers, futures and
-checkpoints are tied to the API key that made it (its owner); another key is told they do not exist.
+together, batched by the engine, between training jobs (how: `strop.tinker_wire.scheduling`). A session's jobs,
+models, samplers, futures and checkpoints are tied to the API key that made it (its owner); another key is told they
+do not exist.
 
 Bounds: sessions, models, queued jobs per session, futures kept per owner, samples per request and tokens per
 sequence all have limits (the constants below), so no client can hold the server's memory; a finished result
@@ -28,13 +29,14 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 from strop.errors import StropError
 from strop.tinker_wire.checkpoints import CheckpointStore
 from strop.tinker_wire.codec import WireError
+# Continue (what a sampling job returns to have its next turn queued) is part of this module's interface
+from strop.tinker_wire.records import Continue, FutureRecord, Model, Sampler, Session  # noqa: F401
+from strop.tinker_wire.scheduling import Scheduler, whose
 
 MAX_SESSIONS = 64
 MAX_SESSIONS_PER_KEY = 16       # so that one API key cannot take every session
@@ -42,14 +44,11 @@ MAX_MODELS = 8                  # live LoRA training models on this server (each
 MAX_MODELS_PER_KEY = 4
 MAX_SAMPLERS_PER_SESSION = 16   # sampling clients kept per session (each holds an adapter snapshot); older ones go
 FINISHED_KEEP_S = 3600.0        # a finished session's record is dropped this long after it finished
-MAX_QUEUED = 512                # jobs waiting per session
 MAX_FUTURES = 4096              # results kept per owner, read or not
 RESULT_TTL_S = 3600.0           # an unread result is dropped after this long
 READ_RESULT_TTL_S = 300.0       # a read one after this long (a retried read still finds it)
 SESSION_IDLE_S = 600.0          # no heartbeat nor request for this long: the session is closed
 MAX_SAMPLES = 128               # num_samples in one sampling request
-SAMPLE_GATHER_S = 0.02          # the worker batches sampling requests until none has arrived for this long,
-SAMPLE_GATHER_MAX_S = 0.25      # or for at most this long
 QUEUED_BYTES_PER_KEY = 256 << 20   # request data (forward_backward bodies) one key may have waiting to run
 RESULT_BYTES_PER_KEY = 512 << 20   # finished results one key's requests hold; past it the oldest are evicted
 SAMPLE_BATCH_TOKENS = 8192         # sampled tokens (num_samples x max_tokens) one sampling batch takes (>= 1 request)
@@ -61,92 +60,7 @@ def owner_of(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()[:24]
 
 
-def _whose(owner: str, holder: str) -> str:
-    return "this API key" if holder == owner else "this client address (an open server's quotas are per address)"
-
-
-@dataclass
-class FutureRecord:
-    id: str
-    owner: str
-    kind: str
-    created: float = field(default_factory=time.time)
-    done: bool = False
-    payload: Any = None           # bytes (protobuf) or a JSON-able dict
-    error: str | None = None
-    category: str = "user"
-    read_at: float | None = None
-    size: int = 0                  # bytes its payload holds, counted against its owner's result budget
-    waiters: list = field(default_factory=list)
-
-
-@dataclass
-class Session:
-    id: str
-    owner: str
-    holder: str = ""                                 # whose quota it counts against (tenants.Tenancy)
-    created: float = field(default_factory=time.time)
-    last_seen: float = field(default_factory=time.time)
-    finished: str | None = None
-    user_metadata: dict | None = None
-    tags: list = field(default_factory=list)
-    jobs: deque = field(default_factory=deque)
-    models: set = field(default_factory=set)
-    samplers: dict = field(default_factory=dict)     # sampler id -> None, oldest first
-    finished_at: float | None = None
-    project_id: str | None = None                    # its training runs are listed under this project
-
-
-@dataclass
-class Model:
-    id: str
-    session_id: str
-    owner: str
-    base_model: str
-    rank: int
-    lora: dict
-    holder: str = ""               # its session's quota holder
-    client: Any = None             # strop TrainingClient, once created
-    last_request: float = field(default_factory=time.time)
-    seq_futures: dict = field(default_factory=dict)   # seq_id -> future id: a re-sent request is not run twice
-
-
-@dataclass
-class Sampler:
-    id: str
-    session_id: str
-    owner: str
-    base_model: str
-    model_path: str | None
-    client: Any                    # strop SamplingClient
-    seq_futures: dict = field(default_factory=dict)
-    inflight_of: str | None = None  # an inflight client of this training model: it samples the model's newest
-                                    # inflight save (SamplingClientKind "inflight")
-
-
-@dataclass
-class Job:
-    session_id: str
-    future: FutureRecord
-    run: Callable[[], Any]
-    sample: dict | None = None     # a sampling job: {"sampler": Sampler, "prompt": [...], ...}
-    holder: str = ""               # whose queued-bytes budget it counts against
-    cost: int = 0                  # bytes of request data it holds until it has run
-    tokens: int = 0                # tokens a sampling job may still sample (num_samples x max_tokens at first)
-    turn_tokens: int | None = None  # tokens it samples this turn, its share of a sampling batch (None: `tokens`)
-
-
-@dataclass
-class Continue:
-    """What a sampling job's finish returns when its request has more to sample: the request's next turn (a run as
-    a sampling job's: it queues on the engine and returns its finish), queued behind the other keys' requests, so a
-    long request is served a chunk at a time and another key waits for a chunk, not for the whole."""
-    run: Callable[[], Any]
-    tokens: int                    # tokens the request may still sample
-    turn_tokens: int               # tokens the next turn samples at most
-
-
-class TinkerService:
+class TinkerService(Scheduler):
     def __init__(self, root: Path, *, dtype: str = "auto", max_batch: int = 64, register_checkpoint=None,
                  log=None, start_worker: bool = True, resolve_model=None,
                  queued_bytes_per_key: int = QUEUED_BYTES_PER_KEY,
@@ -170,15 +84,8 @@ class TinkerService:
         self.futures: dict[str, FutureRecord] = {}
         self.released_samplers: dict[str, None] = {}      # ids of samplers dropped to keep a session's newest
         self.owner_futures: dict[str, deque] = {}
-        self.samples: deque[Job] = deque()
-        self.sample_batches: deque[int] = deque(maxlen=1000)   # requests per sampling batch, for the curious
-        self._order: deque[str] = deque()          # sessions with queued jobs, in turn order
-        self.queued_bytes_per_key = queued_bytes_per_key
-        self.queued_bytes: dict[str, int] = {}     # quota holder -> bytes of request data its queued jobs hold
+        self._init_queues(queued_bytes_per_key, queued_tokens_per_key, sample_batch_tokens)
         self.result_bytes_per_key = result_bytes_per_key
-        self.queued_tokens_per_key, self.sample_batch_tokens = queued_tokens_per_key, sample_batch_tokens
-        self._sample_turns: dict[str, int] = {}    # holder -> the turn its sampling request was last taken
-        self._turn = 0
         self.result_bytes: dict[str, int] = {}     # owner -> bytes its kept results hold
         self._model_info: dict[str, dict] = {}
         # where base models come from (default strop.models.resolve_model, which may download for minutes): it
@@ -204,7 +111,7 @@ class TinkerService:
                 raise WireError(f"this server holds {MAX_SESSIONS} open sessions; close one (ServiceClient.close) "
                                 "or wait for idle ones to expire", status=503)
             if sum(1 for s in live if s.holder == holder) >= MAX_SESSIONS_PER_KEY:
-                raise WireError(f"{_whose(owner, holder)} has {MAX_SESSIONS_PER_KEY} open sessions; close one "
+                raise WireError(f"{whose(owner, holder)} has {MAX_SESSIONS_PER_KEY} open sessions; close one "
                                 "(ServiceClient.close) before opening another")
             session = Session(id="s" + secrets.token_hex(8), owner=owner, holder=holder,
                               tags=[str(t)[:100] for t in list(tags)[:32]],
@@ -305,163 +212,6 @@ class TinkerService:
                 loop.call_soon_threadsafe(lambda w=waiter: w.done() or w.set_result(None))
             except RuntimeError:      # the loop closed: its request is gone
                 pass
-
-    # ---- jobs ----------------------------------------------------------------------------------------
-    def submit(self, session: Session, kind: str, run: Callable[[], Any], *, sample: dict | None = None,
-               cost: int = 0, tokens: int = 0, turn_tokens: int | None = None) -> str:
-        """`cost`: the bytes of request data the job holds while it waits (counted against the session's quota
-        holder until it has run). A sampling job's `tokens` are all it may sample, `turn_tokens` what its first turn
-        samples (its finish returns `Continue` for the next)."""
-        holder = session.holder or session.owner
-        with self.lock:
-            held = self.queued_bytes.get(holder, 0)
-            if cost and held + cost > self.queued_bytes_per_key:
-                raise WireError(f"{_whose(session.owner, holder)} has {held >> 20} MiB of requests waiting and this "
-                                f"one adds {cost >> 20} MiB, over its {self.queued_bytes_per_key >> 20} MiB budget "
-                                "(strop serve-tinker --queued-mib-per-key); wait for results before sending more",
-                                status=429)
-            waiting = sum(j.tokens for j in self.samples if j.holder == holder)
-            if tokens and waiting + tokens > self.queued_tokens_per_key:
-                raise WireError(f"{_whose(session.owner, holder)} has {waiting} sampled tokens waiting and this "
-                                f"request adds {tokens}, over its {self.queued_tokens_per_key} "
-                                "(strop serve-tinker --queued-tokens-per-key); wait for samples before sending more",
-                                status=429)
-        record = self.new_future(session.owner, kind)
-        job = Job(session.id, record, run, sample, holder=holder, cost=cost, tokens=tokens, turn_tokens=turn_tokens)
-        with self.lock:
-            if len(session.jobs) + sum(1 for j in self.samples if j.session_id == session.id) >= MAX_QUEUED:
-                self.futures.pop(record.id, None)
-                raise WireError(f"session {session.id} has {MAX_QUEUED} requests waiting; wait for some results",
-                                status=429)
-            self.queued_bytes[holder] = self.queued_bytes.get(holder, 0) + cost
-            if sample is not None:
-                self.samples.append(job)
-            else:
-                if not session.jobs:
-                    self._order.append(session.id)
-                session.jobs.append(job)
-            self.lock.notify_all()
-        return record.id
-
-    def _next_training_job(self) -> Job | None:
-        while self._order:
-            session = self.sessions.get(self._order.popleft())
-            if session is None or not session.jobs:
-                continue
-            job = session.jobs.popleft()
-            if session.jobs:
-                self._order.append(session.id)
-            return job
-        return None
-
-    def work(self) -> None:
-        """Run jobs until `close()`: the sessions' training jobs in turn, waiting sampling requests batched
-        between them."""
-        prefer_samples = False
-        while True:
-            with self.lock:
-                while not self._stop and not self.samples and not self._order:
-                    self.lock.wait()
-                if self._stop:
-                    return
-                job = None
-                if not (prefer_samples and self.samples):
-                    job = self._next_training_job()
-                take_samples = job is None
-            prefer_samples = not prefer_samples
-            if take_samples:
-                self._run_samples()
-            else:
-                self._run(job)
-
-    def _run(self, job: Job) -> None:
-        started = time.perf_counter()
-        try:
-            result = job.run()
-        except WireError as exc:
-            self._complete(job.future, error=str(exc), category="user")
-        except StropError as exc:
-            self._complete(job.future, error=str(exc), category="user")
-        except MemoryError:
-            self._complete(job.future, error="the server ran out of memory for this request; send a smaller batch",
-                           category="server")
-        except Exception as exc:  # a bug, reported to the one client whose request met it; the server goes on
-            self._complete(job.future, error=f"{type(exc).__name__}: {exc}", category="server")
-        else:
-            if isinstance(result, Continue):
-                self._requeue(job, result)
-            else:
-                self._complete(job.future, payload=result)
-        if job.cost:
-            with self.lock:
-                self.queued_bytes[job.holder] -= job.cost
-                if self.queued_bytes[job.holder] <= 0:
-                    del self.queued_bytes[job.holder]
-        if self.log is not None:
-            self.log(f"{job.future.kind} {job.session_id} {time.perf_counter() - started:.2f} s"
-                     + (f" error: {job.future.error[:200]}" if job.future.error else ""))
-
-    def _run_samples(self) -> None:
-        # requests sent together arrive a few ms apart: wait until none has come for SAMPLE_GATHER_S (at most
-        # SAMPLE_GATHER_MAX_S), then run them all in one batch
-        deadline = time.monotonic() + SAMPLE_GATHER_MAX_S
-        seen = -1
-        while time.monotonic() < deadline:
-            with self.lock:
-                count = len(self.samples)
-            if count == seen:
-                break
-            seen = count
-            time.sleep(SAMPLE_GATHER_S)
-        with self.lock:
-            jobs = self._take_samples()
-        self.sample_batches.append(len(jobs))
-        if self.log is not None:
-            self.log(f"sampling batch of {len(jobs)} request(s)")
-        pending = []
-        for job in jobs:
-            try:
-                pending.append((job, job.run()))     # queues on the engine; nothing runs yet
-            except Exception as exc:
-                self._complete(job.future, error=str(exc), category="user")
-        for job, finish in pending:                  # the first result runs every queued request, batched
-            self._run(Job(job.session_id, job.future, finish, job.sample, holder=job.holder))
-
-    def _requeue(self, job: Job, more: Continue) -> None:
-        """A sampling request's next turn, behind every request waiting now (unless it was answered meanwhile: the
-        server stopped)."""
-        with self.lock:
-            if self._stop or job.future.done:
-                return
-            self.samples.append(Job(job.session_id, job.future, more.run, job.sample, holder=job.holder,
-                                    tokens=more.tokens, turn_tokens=more.turn_tokens))
-            self.lock.notify_all()
-
-    def _take_samples(self) -> list[Job]:
-        """The next sampling batch: the keys' waiting requests in turn (round robin, each key's own in order) up to
-        sample_batch_tokens (at least one request), so a key's queue is run a batch at a time and another key's
-        request waits for one batch, not for the whole queue."""
-        by_key: dict[str, deque] = {}
-        # the least recently served key first; sorted() is stable, so each key's requests stay in order
-        for job in sorted(self.samples, key=lambda j: self._sample_turns.get(j.holder, 0)):
-            by_key.setdefault(job.holder, deque()).append(job)
-        taken, tokens = [], 0
-        while by_key:
-            for holder in list(by_key):
-                job = by_key[holder][0]
-                share = job.tokens if job.turn_tokens is None else job.turn_tokens
-                if taken and tokens + share > self.sample_batch_tokens:
-                    by_key.clear()
-                    break
-                taken.append(by_key[holder].popleft())
-                tokens += share
-                self._turn += 1
-                self._sample_turns[holder] = self._turn
-                if not by_key[holder]:
-                    del by_key[holder]
-        chosen = set(map(id, taken))
-        self.samples = deque(j for j in self.samples if id(j) not in chosen)
-        return taken
 
     def _reap(self) -> None:
         rounds = 0
@@ -571,7 +321,7 @@ class TinkerService:
                 raise WireError(f"this server trains at most {MAX_MODELS} models at once; finish a session "
                                 "(ServiceClient.close) to free one")
             if sum(1 for m in self.models.values() if m.holder == session.holder) >= MAX_MODELS_PER_KEY:
-                raise WireError(f"{_whose(session.owner, session.holder)} trains {MAX_MODELS_PER_KEY} models "
+                raise WireError(f"{whose(session.owner, session.holder)} trains {MAX_MODELS_PER_KEY} models "
                                 "already; finish a session (ServiceClient.close) to free one")
             model = Model(id=model_id, session_id=session.id, owner=session.owner, base_model=base_model, rank=rank,
                           lora=lora, holder=session.holder)
