@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from strop.engine.sampler import AdapterWeights, SampleRequest
+    from strop.engine.sample_types import AdapterWeights, SampleRequest
     from strop.types import AdamParams, Datum, ForwardBackwardOutput, SampleResponse
 
 

@@ -18,13 +18,14 @@ behaviour policy for importance sampling when sampling at temperature 1.
 
 Llama-style models (SmolLM2, Llama, Mistral) decode through `strop.engine.decode` (fused projections, KV buffers
 grown in place as rows lengthen); others through HF's forward, which gives the same tokens, only slower.
+The requests and rows are `strop.engine.sample_types`, the choice of each token `strop.engine.token_choice`, and
+JSON-schema grammars `strop.engine.grammar`.
 """
 
 from __future__ import annotations
 
 import inspect
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,14 +35,17 @@ from transformers.utils import logging as hf_logging
 
 from strop.engine import unmerged
 from strop.engine.decode import LlamaDecoder, kept_shared
+from strop.engine.grammar import GRAMMAR_CACHE_SIZE, Grammars, resume  # noqa: F401  (the cache size: re-exported)
 from strop.engine.malloc import keep_freed_memory
 from strop.engine.prefix_cache import MIN_REUSE, PrefixCache, default_budget
 from strop.engine.resources import available_bytes
-from strop.types import SampledSequence, SampleResponse, SamplingParams
+from strop.engine.sample_types import DEFAULT_MAX_TOKENS, AdapterWeights, SampleRequest, row_seed
+from strop.engine.sample_types import Row as _Row
+from strop.engine.token_choice import CDF_BLOCK, inverse_cdf, pick  # noqa: F401  (the draw's parts: re-exported)
+from strop.types import SampledSequence, SampleResponse
 
 keep_freed_memory()
 
-DEFAULT_MAX_TOKENS = 256
 # a decode batch's keys and values at their final length may take this share of the memory available when it
 # starts. 64 finance-sql rows of ~2,000 positions (SmolLM2, float32: 5.9 GB a copy) were once killed for memory on
 # a 24 GiB machine; at a sixth, 100 such episodes peaked at 20.5 GB, so a twelfth. The rows' cache is now copied
@@ -50,97 +54,6 @@ DEFAULT_MAX_TOKENS = 256
 # step's sampling): the prefill's activations grow with the batch too, and the memory this process freed and keeps
 # counts as available without being one block. So a twelfth still
 KV_SHARE = 1 / 12
-GRAMMAR_CACHE_SIZE = 32  # compiled JSON-schema grammars kept, least recently used dropped first
-GRAMMAR_CACHE_BYTES = 256 << 20
-
-
-@dataclass(frozen=True)
-class AdapterWeights:
-    """A LoRA adapter as the sampler merges it: per target module (base-model name), A (r x in) and B (out x r)."""
-
-    deltas: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    scaling: float
-
-    def delta(self, name: str) -> torch.Tensor:
-        lora_a, lora_b = self.deltas[name]
-        return (lora_b.float() @ lora_a.float()) * self.scaling
-
-
-@dataclass(frozen=True)
-class SampleRequest:
-    prompt_tokens: list[int]
-    num_samples: int
-    params: SamplingParams
-    # how many of the prompt's last tokens are this sample's own output so far (a generation continued in chunks, as
-    # `strop serve` runs one): a json_schema grammar takes them before it masks the first new token
-    resumed: int = 0
-    # the samples' random generators (one a sample), carried from an earlier chunk of the same samples: a generation
-    # served in chunks (the Tinker server's) draws what it would have drawn whole; None: seeded from params.seed
-    generators: list[torch.Generator] | None = None
-
-
-@dataclass
-class _Row:
-    """One sample being generated."""
-
-    prompt_index: int
-    generator: torch.Generator
-    params: SamplingParams
-    max_tokens: int
-    stop_ids: frozenset[int]
-    stop_strings: tuple[str, ...]
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    stop_reason: str | None = None
-    matcher: object | None = None  # an xgrammar GrammarMatcher when the output is held to a JSON schema
-
-
-def _resume(matcher, output: list[int]) -> None:
-    """Bring a fresh grammar matcher to where a continued sample left off: past the output it has already written."""
-    for token in output:
-        if not matcher.accept_token(token):
-            raise ValueError("a continued sample's output so far does not follow its json_schema; continue only "
-                             "output that was generated under the same schema")
-
-
-def _truncate(scores_V: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Temperature-scaled scores with everything outside top-k and the top-p nucleus set to -inf."""
-    if p.top_k > 0 and p.top_k < scores_V.numel():
-        kth = torch.topk(scores_V, p.top_k).values[-1]
-        scores_V = scores_V.masked_fill(scores_V < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_V, idx_V = torch.sort(scores_V, descending=True)
-        probs_V = torch.softmax(sorted_V, dim=-1)
-        # keep the smallest prefix whose mass reaches top_p (the first token always survives)
-        drop_V = (probs_V.cumsum(-1) - probs_V) >= p.top_p
-        scores_V = scores_V.scatter(0, idx_V[drop_V], float("-inf"))
-    return scores_V
-
-
-CDF_BLOCK = 256  # vocabulary entries per block of the two-level draw
-
-
-def inverse_cdf(probs_S_V: torch.Tensor, u_S: torch.Tensor) -> torch.Tensor:
-    """For each row, the first index whose cumulative probability exceeds u x the row's total (u in [0, 1)).
-
-    In two levels, so that no S x V cumulative sum is formed: the block of CDF_BLOCK entries holding the target,
-    from the blocks' float64 sums, then the entry within that block. A zero-probability entry is never chosen:
-    it cannot be the first to exceed the target, and if rounding between the two levels leaves the target past
-    the chosen block's last entry, the block's last non-zero entry is taken. (A float64 cumulative sum over
-    SmolLM2's 49,152 entries, with its float64 copy of the probabilities, was 9% of a 32-row decode step.)"""
-    S, V = probs_S_V.shape
-    n_blocks = -(-V // CDF_BLOCK)
-    padded_S_V = torch.nn.functional.pad(probs_S_V, (0, n_blocks * CDF_BLOCK - V)) if V % CDF_BLOCK else probs_S_V
-    blocks_S_N_K = padded_S_V.view(S, n_blocks, CDF_BLOCK)
-    cdf_S_N = blocks_S_N_K.sum(-1, dtype=torch.float64).cumsum(-1)
-    target_S = u_S.to(torch.float64) * cdf_S_N[:, -1]
-    block_S = torch.searchsorted(cdf_S_N, target_S[:, None], right=True)[:, 0].clamp_(max=n_blocks - 1)
-    before_S = torch.where(block_S > 0, cdf_S_N.gather(1, (block_S - 1).clamp(min=0)[:, None])[:, 0], 0.0)
-    inner_S_K = blocks_S_N_K[torch.arange(S), block_S].double()
-    within_S = torch.searchsorted(inner_S_K.cumsum(-1), (target_S - before_S)[:, None], right=True)[:, 0]
-    last_nonzero_S = CDF_BLOCK - 1 - (inner_S_K > 0).flip(-1).int().argmax(-1)
-    within_S = torch.where(within_S < CDF_BLOCK, within_S, last_nonzero_S)
-    return (block_S * CDF_BLOCK + within_S).clamp_(max=V - 1)
 
 
 def cache_keyword(model) -> str:
@@ -156,11 +69,6 @@ def common_prefix(prompts: list) -> int:
     for prompt in prompts[1:]:
         length = next((i for i in range(length) if prompt[i] != first[i]), length)
     return length
-
-
-def row_seed(seed: int, index: int) -> int:
-    # spread (seed, index) pairs apart so request seed 1 sample 0 differs from seed 0 sample 1
-    return (seed * 1_000_003 + index * 7_919 + 17) % (2**63 - 1)
 
 
 class SamplerEngine:
@@ -192,9 +100,7 @@ class SamplerEngine:
         self._unmerged: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # below float32: module -> (A, s * B)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
-        self._grammars: dict[str, object] = {}
-        self._grammar_compiler = None
-        self._bitmask = None  # reused for every masked row and token: one allocation per engine
+        self._grammars = Grammars()
         budget = default_budget() if prefix_cache_bytes is None else prefix_cache_bytes
         self.prefix_cache = PrefixCache(budget) if budget > 0 else None
         cfg = self.model.config
@@ -304,34 +210,13 @@ class SamplerEngine:
                 torch.Generator().manual_seed(row_seed(base_seed, i))
             matcher = None
             if params.json_schema:
-                matcher = self._matcher(params.json_schema)
-                _resume(matcher, request.prompt_tokens[len(request.prompt_tokens) - request.resumed:])
+                matcher = self._grammars.matcher(params.json_schema, self.tokenizer, self.model.config.vocab_size,
+                                                 self.eos_ids)
+                resume(matcher, request.prompt_tokens[len(request.prompt_tokens) - request.resumed:])
             rows.append(_Row(prompt_index=index, generator=generator, params=params,
                              max_tokens=params.max_tokens or DEFAULT_MAX_TOKENS,
                              stop_ids=stop_ids, stop_strings=stop_strings, matcher=matcher))
         return rows
-
-    def _matcher(self, schema: str):
-        """A fresh grammar matcher for a JSON schema (xgrammar; the compiled grammar is cached per schema)."""
-        # lazy: xgrammar is heavy or optional, loaded only when this runs
-        import xgrammar
-        if self.tokenizer is None:
-            raise ValueError("json_schema sampling needs a tokenizer; give the sampler one")
-        if self._grammar_compiler is None:
-            info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.model.config.vocab_size,
-                                                           stop_token_ids=sorted(self.eos_ids) or None)
-            # xgrammar's own cache is bounded too: a server sees schemas from every client
-            self._grammar_compiler = xgrammar.GrammarCompiler(info, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
-        grammar = self._grammars.pop(schema, None)
-        if grammar is None:
-            try:
-                grammar = self._grammar_compiler.compile_json_schema(schema, any_whitespace=False)
-            except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its parser's message
-                raise ValueError(f"json_schema cannot be compiled to a grammar: {exc}") from None
-        self._grammars[schema] = grammar  # most recently used last
-        while len(self._grammars) > GRAMMAR_CACHE_SIZE:
-            del self._grammars[next(iter(self._grammars))]
-        return xgrammar.GrammarMatcher(grammar)
 
     def _split_stops(self, stop) -> tuple[frozenset[int], tuple[str, ...]]:
         ids, strings = set(self.eos_ids), []
@@ -471,13 +356,7 @@ class SamplerEngine:
             self._prefill([unique[0][:shared]])
 
     def _mask_to_grammar(self, logits_B_V: torch.Tensor, b: int, matcher) -> None:
-        # lazy: xgrammar is heavy or optional, loaded only when this runs
-        import xgrammar
-        if self._bitmask is None:
-            self._bitmask = xgrammar.allocate_token_bitmask(1, self.model.config.vocab_size)
-        matcher.fill_next_token_bitmask(self._bitmask, 0)
-        row_V = logits_B_V[b:b + 1, :self.model.config.vocab_size]
-        xgrammar.apply_token_bitmask_inplace(row_V, self._bitmask)
+        self._grammars.mask(logits_B_V, b, matcher, self.model.config.vocab_size)
 
     def _hit_stop_string(self, row: _Row) -> bool:
         if not row.stop_strings:
@@ -488,36 +367,9 @@ class SamplerEngine:
         return any(s in tail for s in row.stop_strings)
 
     def _pick(self, logits_B_V: torch.Tensor, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Choose each row's next token under its own sampling params; return tokens and model logprobs.
-
-        Greedy rows take one batched argmax. Sampled rows are scaled by their temperature together, truncated
-        one by one only when they ask for top-k/top-p, and drawn together by inverse CDF from one uniform per
-        row out of that row's own generator (torch.multinomial, a call per row, took a fifth of decode time)."""
-        logprobs_B_V = torch.log_softmax(logits_B_V, dim=-1)  # the model's own, before any grammar mask
-        for b, row in enumerate(rows):
-            if row.matcher is not None:
-                self._mask_to_grammar(logits_B_V, b, row.matcher)
-        tokens = torch.empty(len(rows), dtype=torch.long)
-        greedy = [b for b, row in enumerate(rows) if row.params.temperature == 0]
-        sampled = [b for b, row in enumerate(rows) if row.params.temperature != 0]
-        if greedy:
-            tokens[greedy] = logits_B_V[greedy].argmax(-1)
-        if sampled:
-            temps = [rows[b].params.temperature for b in sampled]
-            if len(sampled) < logits_B_V.shape[0]:
-                scores_S_V = logits_B_V[sampled]
-            else:  # every row samples: no copy of the logits (the logprobs above are already taken)
-                scores_S_V = logits_B_V
-            if any(t != 1.0 for t in temps):
-                scores_S_V = scores_S_V / torch.tensor(temps, dtype=logits_B_V.dtype)[:, None]
-            for s, b in enumerate(sampled):
-                p = rows[b].params
-                if p.top_k > 0 or p.top_p < 1.0:  # most rows ask for neither: no per-row copy for them
-                    scores_S_V[s] = _truncate(scores_S_V[s], p)
-            probs_S_V = torch.softmax(scores_S_V, dim=-1)
-            u_S = torch.cat([torch.rand(1, generator=rows[b].generator, dtype=torch.float64) for b in sampled])
-            tokens[sampled] = inverse_cdf(probs_S_V, u_S)
-        return tokens, logprobs_B_V.gather(1, tokens[:, None])[:, 0]
+        """Choose each row's next token under its own sampling params; return tokens and model logprobs
+        (`strop.engine.token_choice.pick`)."""
+        return pick(logits_B_V, rows, self._mask_to_grammar)
 
     # ---- scoring --------------------------------------------------------------------------------------
     @torch.inference_mode()

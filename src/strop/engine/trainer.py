@@ -5,11 +5,12 @@
     trainer.optim_step(AdamParams(learning_rate=1e-4))                # apply and clear them
     trainer.save_weights(path)                                        # a PEFT adapter directory
 
-Datums are packed into micro-batches of at most `max_tokens_per_batch` tokens, so a big batch never
-materialises all its B x T x V logits at once; the losses are sums, so gradients add up across micro-batches
-exactly as one big batch would give. Rows of a micro-batch that begin with the same untrained prefix (a GRPO
-group's prompt) run that prefix once (`shared_prefixes`); the vocabulary head keeps the softmax of trained
-positions for backward up to HEAD_KEEP_BYTES a micro-batch and recomputes it past that (`_TargetLogprob`).
+Datums are packed into micro-batches of at most `max_tokens_per_batch` tokens (`strop.engine.micro_batch`, which
+also computes each datum's loss), so a big batch never materialises all its B x T x V logits at once; the losses
+are sums, so gradients add up across micro-batches exactly as one big batch would give. Rows of a micro-batch that
+begin with the same untrained prefix (a GRPO group's prompt) run that prefix once (`shared_prefixes`); the
+vocabulary head keeps the softmax of trained positions for backward up to HEAD_KEEP_BYTES a micro-batch and
+recomputes it past that (`strop.engine.target_logprob`).
 
 A datum whose loss is NaN or infinite (a NaN advantage, say) trains nothing and is counted (`nonfinite_loss:sum`);
 the next optim_step is then skipped, as is one whose gradient is not finite, and says so (`skipped_nonfinite`):
@@ -20,7 +21,6 @@ is saved or loaded.
 from __future__ import annotations
 
 import copy
-
 import json
 import math
 import warnings
@@ -36,12 +36,15 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from strop.engine import lora_linear
-from strop.engine.losses import DRO_BETA, LOSSES, ratio_stats, sequence_loss
 from strop.engine.finite import all_finite, nonfinite_names, refuse_nonfinite
 from strop.engine.malloc import keep_freed_memory
+from strop.engine.micro_batch import REQUIRED_INPUTS  # noqa: F401  (re-exported: what each loss_fn needs)
+from strop.engine.micro_batch import check_datums, datum_losses, micro_batches, padded_batch
 from strop.engine.precision import train_device
 from strop.engine.resources import HEAD_CHUNK, HEAD_KEEP_BYTES, MAX_TOKENS_PER_MICRO_BATCH
-from strop.engine.sampler import AdapterWeights, cache_keyword
+from strop.engine.sample_types import AdapterWeights
+from strop.engine.sampler import cache_keyword
+from strop.engine.target_logprob import TargetLogprob as _TargetLogprob
 from strop.errors import StropError
 from strop.files import atomic_folder
 from strop.types import AdamParams, Datum, ForwardBackwardOutput, TensorData
@@ -50,57 +53,6 @@ keep_freed_memory()
 
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PEFT_PREFIX = "base_model.model."
-
-REQUIRED_INPUTS = {name: loss.inputs for name, loss in LOSSES.items()}
-
-
-
-
-class _TargetLogprob(torch.autograd.Function):
-    """log p(target) and the entropy at N positions under a frozen vocabulary head, in as few passes over the
-    N x V logits as the maths allows.
-
-    Forward: one matmul, one max, one exp, one sum and one dot per row. With `keep`, the softmax is kept and
-    the backward forms d lp / d logits = onehot - softmax in place over it; without, only the hidden states and
-    the log-normaliser are kept and the backward recomputes the logits first. Then one matmul back to the
-    hidden states. (Autograd over logsumexp and gather under activation
-    checkpointing took twice the passes and allocated a zeroed N x V gradient for the gather.)
-    The entropy carries no gradient."""
-
-    @staticmethod
-    def forward(ctx, hidden_N_H, weight_V_H, targets_N, keep: bool):
-        logits_N_V = _at_least_fp32(hidden_N_H @ weight_V_H.t())
-        max_N = logits_N_V.amax(-1)
-        logits_N_V.sub_(max_N[:, None])  # shifted, in place
-        exp_N_V = logits_N_V.exp()
-        sum_N = exp_N_V.sum(-1)
-        log_sum_N = sum_N.log()
-        # H = log Z - E_p[logit]: shift-invariant, so the shifted logits serve
-        entropy_N = log_sum_N - torch.linalg.vecdot(exp_N_V, logits_N_V) / sum_N
-        lp_N = logits_N_V.gather(-1, targets_N[:, None])[:, 0] - log_sum_N
-        del logits_N_V
-        if keep:  # the softmax itself, for the backward: no second projection onto the vocabulary
-            ctx.save_for_backward(hidden_N_H, weight_V_H, targets_N, exp_N_V.div_(sum_N[:, None]))
-        else:
-            ctx.save_for_backward(hidden_N_H, weight_V_H, targets_N, max_N + log_sum_N)
-        ctx.keep = keep
-        ctx.mark_non_differentiable(entropy_N)
-        return lp_N, entropy_N
-
-    @staticmethod
-    def backward(ctx, grad_lp_N, _grad_entropy_N):
-        hidden_N_H, weight_V_H, targets_N, kept = ctx.saved_tensors
-        if ctx.keep:
-            grad_N_V = kept.mul_(-grad_lp_N[:, None])  # -g * softmax, over the kept softmax (used once)
-        else:
-            grad_N_V = _at_least_fp32(hidden_N_H @ weight_V_H.t())
-            grad_N_V.sub_(kept[:, None]).exp_().mul_(-grad_lp_N[:, None])  # -g * softmax
-        grad_N_V[torch.arange(len(targets_N), device=targets_N.device), targets_N] += grad_lp_N  # + g * onehot(target)
-        return (grad_N_V.to(hidden_N_H.dtype) @ weight_V_H), None, None, None
-
-
-def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def _head_logprobs(head, hidden_N_H, targets_N):
@@ -213,23 +165,6 @@ def _repeated_prefix_rows(plan, targets_B_T) -> list[tuple[int, int, int]]:
     return copies
 
 
-def check_datums(datums: list[Datum], loss_fn: str) -> None:
-    """StropError when `loss_fn` is unknown or a datum lacks an input it needs or has one of the wrong length."""
-    if loss_fn not in REQUIRED_INPUTS:
-        raise StropError(f"unknown loss_fn {loss_fn!r}; choose one of {', '.join(REQUIRED_INPUTS)}")
-    for i, datum in enumerate(datums):
-        missing = [k for k in REQUIRED_INPUTS[loss_fn] if k not in datum.loss_fn_inputs]
-        if missing:
-            raise StropError(f"datum {i}: loss_fn {loss_fn!r} needs loss_fn_inputs {list(REQUIRED_INPUTS[loss_fn])}; "
-                             f"missing {missing}")
-        n = datum.model_input.length
-        for key in REQUIRED_INPUTS[loss_fn]:
-            got = len(datum.loss_fn_inputs[key].data)
-            if got != n:
-                raise StropError(f"datum {i}: loss_fn_inputs[{key!r}] has {got} values but the model input has {n} "
-                                 "tokens; each loss input needs one value per input position")
-
-
 class SharedBase:
     """A base model's frozen weights, loaded once. `module_tree()` gives each trainer a model of its own (its own
     modules, for PEFT to wrap with its own adapter) whose weight and buffer tensors are these, not copies."""
@@ -300,7 +235,7 @@ class LoraTrainer:
         outputs: list[dict[str, TensorData] | None] = [None] * len(datums)
         totals = {"loss:sum": 0.0, "tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0,
                   "kl_sample_train:max": 0.0, "ratio_outside:sum": 0.0, "nonfinite_loss:sum": 0.0}
-        for batch in self._micro_batches(datums):
+        for batch in micro_batches(datums, self.max_tokens_per_batch):
             grad = torch.enable_grad() if backward else torch.no_grad()
             with grad:
                 loss, per_datum, stats = self._batch_loss([datums[i] for i in batch], loss_fn, config)
@@ -315,67 +250,10 @@ class LoraTrainer:
             self.pending_nonfinite += int(totals["nonfinite_loss:sum"])
         return ForwardBackwardOutput(loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics=totals)
 
-    def _micro_batches(self, datums: list[Datum]) -> list[list[int]]:
-        batches, current, width = [], [], 0
-        for i in sorted(range(len(datums)), key=lambda i: datums[i].model_input.length):
-            n = datums[i].model_input.length
-            if current and max(width, n) * (len(current) + 1) > self.max_tokens_per_batch:
-                batches.append(current)
-                current, width = [], 0
-            current.append(i)
-            width = max(width, n)
-        if current:
-            batches.append(current)
-        return batches
-
     def _batch_loss(self, datums: list[Datum], loss_fn: str, config: dict):
-        width = max(d.model_input.length for d in datums)
-        B = len(datums)
-        input_ids = torch.zeros((B, width), dtype=torch.long)
-        mask = torch.zeros((B, width), dtype=torch.bool)
-        targets = torch.zeros((B, width), dtype=torch.long)
-        active = torch.zeros((B, width), dtype=torch.bool)
-        inputs = []
-        for b, d in enumerate(datums):
-            n = d.model_input.length
-            input_ids[b, :n] = torch.tensor(d.model_input.to_ints(), dtype=torch.long)
-            mask[b, :n] = True
-            targets[b, :n] = d.loss_fn_inputs["target_tokens"].to_torch().reshape(-1)
-            row = {k: v.to_torch().reshape(-1).float() for k, v in d.loss_fn_inputs.items() if k != "target_tokens"}
-            active[b, :n] = (row["weights"] if loss_fn == "cross_entropy" else row["advantages"]) != 0
-            if loss_fn == "dro":   # its penalty holds on every sampled token, advantage or not (prompt positions: q = 0)
-                active[b, :n] |= row["logprobs"] != 0
-            inputs.append({k: v.to(self.device) for k, v in row.items()})
-        input_ids, mask, targets, active = (t.to(self.device) for t in (input_ids, mask, targets, active))
+        input_ids, mask, targets, active, inputs = padded_batch(datums, loss_fn, self.device)
         lp_B_T, entropy_B_T = self._target_logprobs(input_ids, mask, targets, active)
-
-        total = torch.zeros((), device=self.device)
-        outputs, stats = [], {"tokens:sum": 0.0, "entropy:sum": 0.0, "kl_sample_train:sum": 0.0, "clipped:sum": 0.0,
-                              "kl_sample_train:max": 0.0, "ratio_outside:sum": 0.0, "nonfinite_loss:sum": 0.0}
-        low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
-        tis_cap = config.get("tis_cap")
-        beta = config.get("beta", DRO_BETA)
-        per_sequence = config.get("importance_ratio", "token") == "sequence"   # GSPO
-        for b, d in enumerate(datums):
-            n = d.model_input.length
-            lp_T, active_T, row = lp_B_T[b, :n], active[b, :n], inputs[b]
-            loss, clipped_T = sequence_loss(loss_fn, lp_T, row, low, high, tis_cap, beta, per_sequence, active_T)
-            if clipped_T is not None:
-                stats["clipped:sum"] += float(clipped_T[active_T].sum())
-            if LOSSES[loss_fn].policy:
-                stats["kl_sample_train:sum"] += float((row["logprobs"] - lp_T.detach())[active_T].sum())
-                largest, outside = ratio_stats(lp_T[active_T], row["logprobs"][active_T])
-                stats["kl_sample_train:max"] = max(stats["kl_sample_train:max"], largest)
-                stats["ratio_outside:sum"] += outside
-            if math.isfinite(float(loss.detach())):
-                total = total + loss
-            else:  # left out of the loss and its gradient, and counted: the optim_step that follows is skipped
-                stats["nonfinite_loss:sum"] += 1
-            stats["tokens:sum"] += float(active_T.sum())
-            stats["entropy:sum"] += float(entropy_B_T[b, :n][active_T].sum())
-            outputs.append({"logprobs": TensorData.from_torch(lp_T.detach().cpu()),
-                            "entropy": TensorData.from_torch(entropy_B_T[b, :n].cpu())})
-        return total, outputs, stats
+        return datum_losses(datums, loss_fn, config, lp_B_T, entropy_B_T, active, inputs, self.device)
 
     def _target_logprobs(self, input_ids, mask, targets, active):
         """log p(target) and the entropy at every position, without ever holding B x T x V logits.
