@@ -55,8 +55,8 @@ from typing import Any
 
 from strop.envs import get_env
 from strop.envs.base import Environment
-from strop.envs.openenv_protocol import (MAX_SESSIONS, SESSION_IDLE_S, EnvService, ProtocolError, dumps, is_int,
-                                         parse_json, schemas)
+from strop.envs.openenv_json import ProtocolError, dumps, is_int, parse_json
+from strop.envs.openenv_protocol import MAX_SESSIONS, SESSION_IDLE_S, EnvService, schemas
 from strop.errors import StropError
 
 MAX_MESSAGE_BYTES = 1 << 20     # a client frame or request body; tool calls and resets are small
