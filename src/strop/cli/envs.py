@@ -22,12 +22,21 @@ def register(nouns) -> None:
                               description="Multi-turn tool-use environments (e.g. finance-sql: questions answered "
                                           "with SQL over a company's financial statements).")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    _register_list(verbs)
+    _register_try(verbs)
+    _register_eval(verbs)
+    _register_demos(verbs)
+    _register_serve(verbs)
 
+
+def _register_list(verbs) -> None:
     ls = verbs.add_parser("list", help="the environments", epilog="example:\n  strop envs list",
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     add_output_flags(ls)
     ls.set_defaults(handler=_list)
 
+
+def _register_try(verbs) -> None:
     play = verbs.add_parser(
         "try", help="play an episode by hand in the terminal",
         description="Play one episode yourself: type a tool call per line as `TOOL ARG` (e.g. `describe_table "
@@ -41,6 +50,8 @@ def register(nouns) -> None:
     play.add_argument("--seed", type=int, default=0, help="environment seed (default: %(default)s)")
     play.set_defaults(handler=_try)
 
+
+def _register_eval(verbs) -> None:
     ev = verbs.add_parser(
         "eval", help="pass@1 of a model per split, with behaviour rubrics",
         description="Evaluate a model in the environment, greedily: pass@1 and mean reward per split, and the "
@@ -71,6 +82,8 @@ def register(nouns) -> None:
     add_ray_flags(ev, env_workers=True)
     ev.set_defaults(handler=_eval)
 
+
+def _register_demos(verbs) -> None:
     demos = verbs.add_parser(
         "demos", help="write demonstrations: transcripts of a scripted agent, for a supervised warm start",
         description="Write demonstrations of ENV's train split as JSON lines, one transcript per line in OpenAI's "
@@ -98,6 +111,8 @@ def register(nouns) -> None:
                             "the evaluation splits' companies are never drawn")
     demos.set_defaults(handler=_demos)  # -o is the file here, so no output-format flags
 
+
+def _register_serve(verbs) -> None:
     serve = verbs.add_parser(
         "serve", help="serve an environment over OpenEnv's protocol (WebSocket /ws, /health, /schema)",
         description="Serve ENV so OpenEnv clients (and strop's RemoteEnv) can use it; each connection gets its own "

@@ -5,10 +5,10 @@
     run = runs.start("run.json")                      # {'runId': 'run-3f9a1c2e', 'status': 'pending', ...}
     runs.wait(run["runId"])                           # polls until succeeded, failed or cancelled
 
-Admission pins exact versions (dataset, each bundle, the base model's folder) in the run record, so
-registering new versions later never changes accepted work. The worker (`python -m strop.control.worker RUN`)
-writes plain files in $STROP_HOME/runs/RUN and mirrors each metrics row and checkpoint into the store. A worker
-that dies without saying so is noticed the next time anyone reads the run: it is marked failed.
+Admission (strop.control.admission) pins exact versions (dataset, each bundle, the base model's folder) in the run
+record, so registering new versions later never changes accepted work. The worker (`python -m strop.control.worker
+RUN`) writes plain files in $STROP_HOME/runs/RUN and mirrors each metrics row and checkpoint into the store. A
+worker that dies without saying so is noticed the next time anyone reads the run: it is marked failed.
 """
 
 from __future__ import annotations
@@ -17,34 +17,19 @@ import json
 import math
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from sqlalchemy import select
 
-from strop import model_info
-from strop.cluster.connect import reachable
 from strop.cluster.settings import ADDRESS_HELP, address_ok
-from strop.control import base_models, processes, projects, registry
-from strop.control.descriptor import SAMPLING_ONLY, RaySpec, RunDescriptor, load_descriptor
-from strop.data import load_rows
-from strop.engine.precision import cuda_count, gpus_problem, run_device
-from strop.engine.resources import MemoryRefused
-from strop.engine.vllm_find import require_vllm
-from strop.envs import env_kind, find_env_module, get_env
+from strop.control import admission, processes
+from strop.control.descriptor import RaySpec, RunDescriptor, load_descriptor
 from strop.errors import StropError
 from strop.files import open_regular
 from strop.paths import runs_dir
-from strop.rl.branching import skips_identical
-from strop.rl.config import plan_steps
-from strop.rl.loss_choices import pinned_settings
-from strop.scoring import confine
 from strop.store import open_store, session_scope
-from strop.store.schema import FINISHED_STATUSES, Evaluation, Model, Project, Run, RunStep, utcnow
-from strop.tokenizer_utils import get_tokenizer
-from strop.trackers import missing_extras
+from strop.store.schema import FINISHED_STATUSES, Evaluation, Project, Run, RunStep, utcnow
 
 
 class RunError(StropError):
@@ -60,171 +45,10 @@ def admit(descriptor: RunDescriptor, *, dry_run: bool = False) -> dict:
 
     With `dry_run`, no code from a module the descriptor names is imported or run: a 'module:Class' environment
     is only found on the Python path, and `pinned["notChecked"]` says what starting the run will check."""
-    problems, pinned = [], {"project": descriptor.project}
-    try:
-        settings = projects.get(descriptor.project)["evaluation"]
-        if descriptor.config.eval_every and not (settings["dataset"] and settings["grader"]):
-            problems.append(f"$.config.evalEvery: project {descriptor.project!r} has no evaluation settings; run "
-                            f"`strop projects set-evaluation {descriptor.project} --dataset DS --grader G` first")
-    except StropError as exc:
-        problems.append(f"$.project: {exc}")
-    try:
-        pinned["baseModel"] = pin_base_model(descriptor.base_model)
-    except StropError as exc:
-        problems.append(f"$.baseModel: {exc}")
-    if descriptor.execution.ray is None:  # on Ray, the cluster's GPUs are counted when it places the trainers
-        problem = gpus_problem(descriptor.execution.gpus, cuda_count())
-        try:
-            if problem:
-                raise StropError(problem)
-            pinned["device"] = run_device(descriptor.execution.gpus)  # where the run will compute
-        except StropError as exc:
-            problems.append(f"$.execution.gpus: {exc}")
-    else:
-        pinned["ray"] = descriptor.trainer_ray()
-        try:
-            reachable(descriptor.execution.ray.address)  # seconds, where joining a wrong address would hang
-        except StropError as exc:
-            problems.append(f"$.execution.ray.address: {exc}")
-    try:  # as the address is: a run asking for vLLM where there is none failed seconds after it started
-        require_vllm(descriptor.execution.sampler, descriptor.execution.ray)
-    except StropError as exc:
-        problems.append(f"$.execution.sampler: {exc}")
-    problems += [f"$.execution.reportTo: {problem}" for problem in missing_extras(descriptor.execution.report_to)]
-    if descriptor.config.environment is not None:
-        env = descriptor.config.environment
-        pinned["environment"] = {"name": env.name, "options": dict(env.options), "split": env.split}
-        try:
-            if dry_run and env_kind(env.name) == "class":
-                where = find_env_module(env.name)  # on the path, found without running any of it
-                pinned["notChecked"] = [f"$.config.environment.name: {env.name} is a 'module:Class' name, not "
-                                        f"imported by --dry-run (its module is {where}); starting the run imports "
-                                        f"it and checks that it names an environment class with split {env.split!r}"]
-            else:
-                problems += _probe_environment(env, get_env)
-        except StropError as exc:
-            problems.append(f"$.config.environment: {exc}")
-    else:
-        try:
-            version = registry.get_dataset(descriptor.config.dataset)
-            pinned["dataset"] = {"ref": version["ref"], "sha256": version["sha256"], "rows": version.get("rows")}
-            kind, method = registry.dataset_kind(version), descriptor.config.method
-            if (kind == "supervised") != (method == "sft"):
-                problems.append(f"$.config.dataset: {version['ref']} is a "
-                                + ("dataset of transcripts or prompt/completion pairs, for method sft"
-                                   if kind == "supervised" else "question/answer dataset, for method grpo")
-                                + f"; method {method} needs "
-                                + ("transcripts or prompt/completion pairs" if method == "sft" else
-                                   "question/answer rows"))
-        except StropError as exc:
-            problems.append(f"$.config.dataset: {exc}")
-    pinned["terms"] = []
-    terms = descriptor.config.reward.terms if descriptor.config.reward else []
-    for i, (name, term) in enumerate(zip(descriptor.term_names(), terms)):
-        entry = {"name": name, "weight": term.weight, "module": term.module, "function": term.function}
-        if term.kind == "judge":
-            entry["judge"] = term.judge
-        elif term.is_builtin:
-            entry["builtin"] = term.bundle
-        else:
-            try:
-                version = registry.get_bundle(term.bundle)
-                entry.update(bundle=version["ref"], sha256=version["sha256"])
-            except StropError as exc:
-                problems.append(f"$.config.reward.terms[{i}].bundle: {exc}")
-            else:
-                try:
-                    registry.check_bundle_module(version, term.module, term.function)
-                except StropError as exc:
-                    problems.append(f"$.config.reward.terms[{i}].module: {exc}")
-        pinned["terms"].append(entry)
-    hp = descriptor.config.rl_hyperparams
-    if descriptor.config.method == "grpo" and hp is not None:
-        pinned["rl"] = rl_settings(descriptor, pinned)
-        names = descriptor.term_names()
-        if hp.variance_on is not None and descriptor.config.environment is None and hp.variance_on not in names:
-            problems.append(f"$.config.rlHyperparams.varianceOn: {hp.variance_on!r} is not one of the reward terms "
-                            f"({', '.join(names)}); name one of them, or null for the total reward")
-    if any(not term.is_builtin for term in terms):
-        try:
-            confine.detect().require()  # refused here, with the reason, not in the background worker
-        except StropError as exc:
-            problems.append(f"$.config.reward.terms: {exc}")
-    if "dataset" in pinned and pinned["dataset"].get("rows"):
-        hp = descriptor.config.rl_hyperparams or descriptor.config.sft_hyperparams
-        steps, passes = plan_steps(pinned["dataset"]["rows"], hp.batch_size, hp.max_steps, hp.epochs)
-        pinned["plan"] = {"rows": pinned["dataset"]["rows"], "batchSize": hp.batch_size, "steps": steps,
-                          "passes": passes}
-    if descriptor.config.method == "sft" and descriptor.config.rl_hyperparams is not None:
-        pinned["notUsed"] = [f"$.config.rlHyperparams.{key}: supervised fine-tuning samples nothing"
-                             for key in SAMPLING_ONLY]
-    # an environment's run is checked by the loop, from its tool prompts; a supervised run by its loop, which
-    # refuses an example over maxSeqLength before training
-    if not problems and "dataset" in pinned and descriptor.config.method == "grpo":
-        problems += memory_problems(descriptor, pinned)
+    problems, pinned = admission.check(descriptor, dry_run=dry_run)
     if problems:
         raise RunError("run not admitted:\n  " + "\n  ".join(problems))
     return pinned
-
-
-def rl_settings(descriptor: RunDescriptor, pinned: dict) -> dict:
-    """The GRPO settings that decide what a step learns from, as the run will use them: the KL reference by name
-    (the tuned model the run starts from, or the base model), which term judges a group informative, dynamic
-    sampling, the learning-rate warm-up, the turn groups branch at, whether identical turns are trained, and the
-    loss choices (strop.rl.loss_choices.pinned_settings)."""
-    hp, base = descriptor.config.rl_hyperparams, pinned.get("baseModel") or {}
-    # identical turns as the run treats them, with the run's loss
-    skipped = skips_identical(SimpleNamespace(identical_turns=hp.identical_turns, kl_beta=hp.kl_beta,
-                                              loss_fn=hp.loss_fn))
-    start = (base.get("initModel") or {}).get("modelId") or base.get("id", descriptor.base_model)
-    sampling = hp.dynamic_sampling
-    return {"klReference": hp.kl_reference, "klReferenceModel": start if hp.kl_reference == "start" else
-            base.get("id", descriptor.base_model), "varianceOn": hp.variance_on,
-            "dynamicSampling": {"enabled": sampling.enabled, "maxTasksPerStep": sampling.max_tasks_per_step
-                                or (4 * hp.batch_size if sampling.enabled else None)},
-            "warmupSteps": hp.optimizer.warmup_steps, "branchAtTurn": hp.branch_at_turn,
-            "identicalTurns": "skip" if skipped else "train",
-            # how rewards become the update: estimator, aggregation, overlong handling, ratio, clip, passes
-            **pinned_settings(SimpleNamespace(**hp.model_dump(), loss_fn_config={}))}
-
-
-def _probe_environment(env, get_env) -> list[str]:
-    """Make the environment once (an unknown name, a class that is not an environment, a bad option or split
-    fails here, not in the worker); its own errors are reported, never a traceback."""
-    try:
-        probe = get_env(env.name, **env.options)
-    except StropError:
-        raise
-    except Exception as exc:  # the environment's constructor raised on these options
-        return [f"$.config.environment.options: {env.name} could not be made with these options: "
-                f"{type(exc).__name__}: {str(exc)[:300]}"]
-    try:
-        splits = probe.splits()
-        if env.split not in splits:
-            return [f"$.config.environment.split: {env.name} has splits {splits}, not {env.split!r}"]
-        return []
-    except Exception as exc:
-        return [f"$.config.environment: {env.name}'s splits() raised {type(exc).__name__}: {str(exc)[:300]}"]
-    finally:
-        try:
-            probe.close()
-        except Exception:  # noqa: BLE001 - a probe that cannot close is not a reason to refuse the run
-            pass
-
-
-def pin_base_model(ref: str) -> dict:
-    """What a run starts from: a selected base model {id, path}, or a tuned model (`model-...`), which pins its
-    base model and its adapter's artifact, so the run continues from that adapter (a warm start, then GRPO)."""
-    if not ref.startswith("model-"):
-        return {"id": ref, "path": base_models.require_selected(ref)}
-    with session_scope(open_store(), read_only=True) as s:
-        model = s.get(Model, ref)
-        if model is None:
-            raise StropError(f"no tuned model {ref!r}; `strop models list` shows them")
-        if not model.artifact_sha256:
-            raise StropError(f"tuned model {ref} has no stored adapter to start from")
-        return {"id": model.base_model, "path": base_models.require_selected(model.base_model),
-                "initModel": {"modelId": model.id, "sha256": model.artifact_sha256, "runId": model.run_id}}
 
 
 def lineage(pinned: dict, model_id: str | None) -> list[dict]:
@@ -236,35 +60,6 @@ def lineage(pinned: dict, model_id: str | None) -> list[dict]:
     if model_id:
         steps.append({"modelId": model_id})
     return steps
-
-
-def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
-    """The run's estimated peak memory against what is available, from its real prompts (as the loop builds
-    them) and sizes; one problem line when it would not fit."""
-    # lazy: strop.renderers pulls in torch, numpy, which importing this module does not need
-    from strop.renderers import get_renderer
-    from strop.client import ServiceClient
-    from strop.rl.grpo import plan
-    path, version = registry.dataset_file(pinned["dataset"]["ref"])
-    with tempfile.TemporaryDirectory() as folder:  # the stored file has no suffix; the loader reads by suffix
-        named = Path(folder) / f"rows{Path(version.get('source') or 'rows.jsonl').suffix or '.jsonl'}"
-        named.symlink_to(path)
-        rows = load_rows(str(named), limit=2000)
-    model_dir = pinned["baseModel"]["path"]
-    renderer = get_renderer(model_info.get_recommended_renderer_name(pinned["baseModel"]["id"]), get_tokenizer(model_dir))
-    config = descriptor.to_grpo_config(str(path), [{"name": "x", "weight": 1.0, "grader": "builtin:gsm8k"}],
-                                       base_model=model_dir)
-    # planned as the run will be: its dtype, its sampler (vLLM's KV budget) and its device (a GPU's free memory)
-    service = None if descriptor.execution.ray else ServiceClient(dtype=config.dtype, sampler=config.sampler,
-                                                                  device=pinned.get("device"))
-    try:
-        plan(config, renderer, rows, service=service)
-    except MemoryRefused as exc:
-        return [f"$.config.rlHyperparams: {exc}"]
-    finally:
-        if service is not None:
-            service.close()
-    return []
 
 
 def start(descriptor_path: str | Path, *, dry_run: bool = False, ray_address: str | None = None) -> dict:

@@ -1,6 +1,7 @@
 """OpenEnv's protocol apart from its transport: sessions (one environment each, on its own thread), the
 messages a client sends (reset, step, state, mcp, close) and the replies they get, the MCP tool actions, JSON-RPC
-errors and the published schemas. `strop.envs.openenv_server` puts this behind HTTP and a WebSocket.
+errors and the published schemas. `strop.envs.openenv_server` puts this behind HTTP and a WebSocket; the error a
+bad message raises and the strict JSON read and written are `strop.envs.openenv_json`.
 
     service = EnvService(lambda: get_env("finance-sql"))
     session = await service.create_session("ws")
@@ -10,7 +11,6 @@ errors and the published schemas. `strop.envs.openenv_server` puts this behind H
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import sys
@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from strop.envs.base import Environment, Task, ToolCall
+from strop.envs.openenv_json import ProtocolError, parse_json, shown
 from strop.errors import StropError
 
 MAX_SESSIONS = 64               # environment instances alive at once (one per connection)
@@ -32,67 +33,12 @@ RPC_METHODS = ("tools/list", "tools/call", "openenv/session/create", "openenv/se
 RPC_CODES = {"INVALID_JSON": -32700, "INVALID_REQUEST": -32600, "SESSION_ERROR": -32600, "METHOD_NOT_FOUND": -32601,
              "VALIDATION_ERROR": -32602, "EXECUTION_ERROR": -32603, "CAPACITY_REACHED": -32000, "FACTORY_ERROR": -32000}
 
-class ProtocolError(Exception):
-    """A message the server cannot act on: an error frame (or JSON-RPC error) naming what to fix, never a crash."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
-
-    def frame(self) -> dict:
-        return {"type": "error", "data": {"message": self.message, "code": self.code}}
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 def mcp_tool(tool: dict) -> dict:
     """An OpenAI-style function schema as an MCP tool (`input_schema`, OpenEnv's spelling)."""
     fn = tool.get("function", tool)
     return {"name": fn["name"], "description": fn.get("description", ""),
             "input_schema": fn.get("parameters") or {"type": "object", "properties": {}}}
-
-
-def shown(value: Any, limit: int = 100) -> str:
-    """A client's value as an error message repeats it: its repr, cut to `limit` characters (a 1 MB name must not
-    come back as a 1 MB error)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def wire_safe(value: Any) -> Any:
-    """A reply made safe to send as strict JSON: a float that is not finite (an answer parsed as 1e308 billion)
-    becomes null, and a string with lone surrogates (echoed from a client) gets U+FFFD in their place. JSON has no
-    Infinity or NaN (JavaScript, Go and Rust parsers refuse them), and a lone surrogate cannot be encoded as UTF-8."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-            return value
-        except UnicodeEncodeError:
-            return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
-    if isinstance(value, dict):
-        return {wire_safe(k) if isinstance(k, str) else k: wire_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [wire_safe(v) for v in value]
-    return value
-
-
-def dumps(reply: Any) -> str:
-    """A reply as strict JSON text (see `wire_safe`)."""
-    return json.dumps(wire_safe(reply), default=str, allow_nan=False)
-
-
-def parse_json(raw: str | bytes, example: str) -> Any:
-    """A client's JSON text; INVALID_JSON (not a crash) for text that is not JSON, nests deeper than Python's
-    stack, or holds an integer too long to read."""
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        why = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
-        raise ProtocolError("INVALID_JSON", f"the {example} is not JSON ({why})") from None
 
 
 class Session:

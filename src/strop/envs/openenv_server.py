@@ -55,8 +55,8 @@ from typing import Any
 
 from strop.envs import get_env
 from strop.envs.base import Environment
-from strop.envs.openenv_protocol import (MAX_SESSIONS, SESSION_IDLE_S, EnvService, ProtocolError, dumps, is_int,
-                                         parse_json, schemas)
+from strop.envs.openenv_json import ProtocolError, dumps, is_int, parse_json
+from strop.envs.openenv_protocol import MAX_SESSIONS, SESSION_IDLE_S, EnvService, schemas
 from strop.errors import StropError
 
 MAX_MESSAGE_BYTES = 1 << 20     # a client frame or request body; tool calls and resets are small
@@ -106,6 +106,40 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
                                                    "send it whole, at once") from None
         return parse_json(bytes(body), "request body")
 
+    async def reap_forever():
+        while True:
+            await asyncio.sleep(min(60.0, session_idle_s / 4))
+            await service.reap_idle()
+
+    @asynccontextmanager
+    async def lifespan(app):
+        reaper = asyncio.create_task(reap_forever())  # idle HTTP-made sessions are closed without a new client
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await service.shutdown()
+
+    ws_endpoint = _ws_endpoint(service, session_idle_s=session_idle_s, max_message_bytes=max_message_bytes,
+                               too_large=too_large, disconnect=WebSocketDisconnect)
+    routes = [*_http_routes(service, JSONResponse, read_json, Route), WebSocketRoute("/ws", ws_endpoint)]
+
+    async def http_error(request, exc):
+        if isinstance(exc, ProtocolError):
+            status = {"MESSAGE_TOO_LARGE": 413, "FACTORY_ERROR": 503, "REQUEST_TIMEOUT": 408}.get(exc.code, 400)
+            return JSONResponse({"detail": exc.message, "code": exc.code}, status_code=status)
+        return JSONResponse({"detail": f"{type(exc).__name__}: {exc}", "code": "EXECUTION_ERROR"}, status_code=500)
+
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(RequireKey, api_key=api_key)],
+                    exception_handlers={ProtocolError: http_error, Exception: http_error})
+    app.state.service = service
+    return app
+
+
+def _http_routes(service: EnvService, JSONResponse, read_json, Route) -> list:
+    """The HTTP routes: health, schema, metadata, OpenAPI, POST /mcp and OpenEnv's task API. `JSONResponse`
+    writes strict JSON; `read_json` reads a request body within the server's size and time limits."""
+
     async def health(request):
         return JSONResponse({"status": "healthy"})
 
@@ -132,8 +166,18 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
             return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": exc.message}})
         return JSONResponse(await service.rpc(body))
 
+    task_api = _task_api(service, JSONResponse, read_json)
+    return [Route("/health", health), Route("/schema", schema), Route("/metadata", metadata),
+            Route("/openapi.json", openapi), Route("/list_environments", list_environments),
+            Route("/mcp", mcp, methods=["POST"]), Route("/{env_name}/splits", task_api),
+            *[Route(f"/{{env_name}}/{r}", task_api, methods=["POST"]) for r in ("tasks", "num_tasks", "task",
+                                                                                  "task_range")]]
+
+
+def _task_api(service: EnvService, JSONResponse, read_json):
+    """OpenEnv's task API: GET /{env}/splits; POST /{env}/tasks, num_tasks, task, task_range."""
+
     async def task_api(request):
-        """OpenEnv's task API: GET /{env}/splits; POST /{env}/tasks, num_tasks, task, task_range."""
         env_name, route = request.path_params["env_name"], request.url.path.rsplit("/", 1)[-1]
         description = await service.describe()
         if env_name.lower() != description["name"].lower():
@@ -162,6 +206,14 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
         if not specs:
             raise ProtocolError("VALIDATION_ERROR", f"index {start} is out of range for split {body['split']!r}")
         return JSONResponse({"task": specs[0]})
+    return task_api
+
+
+def _ws_endpoint(service: EnvService, *, session_idle_s: float, max_message_bytes: int, too_large: str,
+                 disconnect: type[Exception]):
+    """The WebSocket /ws endpoint: one session per connection (or the HTTP-made one `?session_id=` names), its
+    frames answered in order until the client closes, goes away or idles past `session_idle_s`. `disconnect` is
+    Starlette's WebSocketDisconnect."""
 
     async def ws_endpoint(websocket):
         await websocket.accept()
@@ -199,9 +251,9 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
         except ProtocolError as exc:                    # refused (full, an unknown session) or idle too long
             try:
                 await websocket.send_text(dumps(exc.frame()))
-            except (WebSocketDisconnect, RuntimeError):
+            except (disconnect, RuntimeError):
                 pass
-        except (WebSocketDisconnect, RuntimeError):     # the client went away mid-reply
+        except (disconnect, RuntimeError):             # the client went away mid-reply
             pass
         finally:
             if session is not None and session.owner == "ws":
@@ -214,37 +266,7 @@ def make_env_app(env_factory: Callable[[], Environment], *, api_key: str | None 
                 await websocket.close()
             except Exception:  # noqa: BLE001 -- closed by the client already
                 pass
-
-    async def reap_forever():
-        while True:
-            await asyncio.sleep(min(60.0, session_idle_s / 4))
-            await service.reap_idle()
-
-    @asynccontextmanager
-    async def lifespan(app):
-        reaper = asyncio.create_task(reap_forever())  # idle HTTP-made sessions are closed without a new client
-        try:
-            yield
-        finally:
-            reaper.cancel()
-            await service.shutdown()
-
-    routes = [Route("/health", health), Route("/schema", schema), Route("/metadata", metadata),
-              Route("/openapi.json", openapi), Route("/list_environments", list_environments),
-              Route("/mcp", mcp, methods=["POST"]), Route("/{env_name}/splits", task_api),
-              *[Route(f"/{{env_name}}/{r}", task_api, methods=["POST"]) for r in ("tasks", "num_tasks", "task",
-                                                                                    "task_range")],
-              WebSocketRoute("/ws", ws_endpoint)]
-    async def http_error(request, exc):
-        if isinstance(exc, ProtocolError):
-            status = {"MESSAGE_TOO_LARGE": 413, "FACTORY_ERROR": 503, "REQUEST_TIMEOUT": 408}.get(exc.code, 400)
-            return JSONResponse({"detail": exc.message, "code": exc.code}, status_code=status)
-        return JSONResponse({"detail": f"{type(exc).__name__}: {exc}", "code": "EXECUTION_ERROR"}, status_code=500)
-
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(RequireKey, api_key=api_key)],
-                    exception_handlers={ProtocolError: http_error, Exception: http_error})
-    app.state.service = service
-    return app
+    return ws_endpoint
 
 
 class RequireKey:
