@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from strop.errors import StropError
 from strop.rl import GRPOConfig, run_grpo

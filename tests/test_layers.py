@@ -210,3 +210,26 @@ def test_every_engine_and_trainer_declares_the_whole_interface():
             assert not missing, f"{module}.{name} lacks {missing}"
     client = MODULES["strop.client"].read_text() + MODULES["strop.local_backend"].read_text()
     assert "getattr(queue.engine" not in client and "hasattr(self.trainer" not in client
+
+
+MAX_FILE_LINES = 450      # a module a reader holds in their head (nanochat's files stay under ~600)
+MAX_FUNCTION_LINES = 100  # a function a reader sees whole; longer ones are split into named steps
+
+
+def test_no_file_or_function_is_too_long_to_read_whole():
+    """Every module under MAX_FILE_LINES and every function under MAX_FUNCTION_LINES (database migrations, which
+    are generated and never edited after they ship, aside)."""
+    long_files, long_functions = [], []
+    for path in sorted((SRC / "strop").rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        text = path.read_text()
+        name = path.relative_to(SRC).as_posix()
+        if text.count("\n") > MAX_FILE_LINES:
+            long_files.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    assert long_files == [] and long_functions == [], "\n".join(long_files + long_functions)

@@ -4,12 +4,10 @@ that it fails now and that the host is as it was."""
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 

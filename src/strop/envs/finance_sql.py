@@ -35,7 +35,7 @@ from typing import Any
 from strop.envs import finance_data as data
 from strop.envs.base import Observation, StepResult, Task, ToolCall
 from strop.envs.finance_answers import ANSWER_CHARS, correctness_reward, format_reward, is_correct, parse_answer
-from strop.envs.readonly_sql import (OBSERVATION_CHARS, QueryRejected, QueryTimeout, ReadOnlyDatabase, cell_text,
+from strop.envs.readonly_sql import (QueryRejected, QueryTimeout, ReadOnlyDatabase, cell_text,
                                      format_rows, single_select)
 from strop.errors import StropError
 

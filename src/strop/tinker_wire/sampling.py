@@ -1,4 +1,4 @@
-"""A Tinker sampling request served a chunk at a time, so that keys sharing `strop serve-tinker` take turns (issue 36).
+"""A Tinker sampling request served a chunk at a time, so that keys sharing `strop serve-tinker` take turns.
 
     chunks = Chunks(service, sampler, prompt, num_samples, params, max_tokens)
     chunks.finish_with = lambda response, client: ...       # the answer's bytes, once every sample has ended
@@ -17,7 +17,7 @@ from strop.types import ModelInput, SampledSequence, SampleResponse, SamplingPar
 
 
 class Chunks:
-    """One sampling request served a chunk at a time (issue 36's fair service): each turn samples at most
+    """One sampling request served a chunk at a time: each turn samples at most
     `sample_batch_tokens` tokens over the request's unfinished samples, then the request goes behind the other keys'
     waiting requests. Each sample keeps its own random generator from chunk to chunk, so a seeded request draws the
     tokens it would draw whole; a stop string that spans two chunks is found here. An engine that cannot continue a
