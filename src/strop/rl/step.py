@@ -67,7 +67,7 @@ def adam_params(config) -> types.AdamParams:
 
 def training_client(service, config):
     """The run's training client: a fresh LoRA adapter, or the one in `config.init_adapter` to continue from."""
-    if getattr(config, "init_adapter", None):
+    if config.init_adapter:
         return service.create_training_client_from_adapter(config.base_model, config.init_adapter, seed=config.seed,
                                                            dtype=config.dtype)
     return service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
