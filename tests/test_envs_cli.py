@@ -67,6 +67,14 @@ def test_multi_turn_grpo_in_finance_sql(tiny_model_dir, tmp_path):
     row = result.metrics[0]
     assert row["modelTurns"] >= 1 and 0.0 <= row["rubric/tablesListedFirst"] <= 1.0
     assert "reward/finance-sql" in row and row["zeroVarianceGroups"] in (0.0, 0.5, 1.0)
+    # the run's adapter folder evaluates as it is, on the base its adapter_config.json names
+    done = strop("envs", "eval", "finance-sql", "--model", tmp_path / "run" / "final", "--splits", "eval-single",
+                 "--limit", "1", "--max-tokens", "4", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["splits"]["eval-single"]["n"] == 1
+    (tmp_path / "run" / "final" / "adapter_config.json").write_text("{}")
+    refused = strop("envs", "eval", "finance-sql", "--model", tmp_path / "run" / "final", "--limit", "1")
+    assert refused.returncode == 1 and "adapter_config.json names no base model" in refused.stderr
 
 
 @pytest.mark.slow

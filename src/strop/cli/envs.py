@@ -14,6 +14,7 @@ from strop.envs import get_env, list_envs
 from strop.envs.base import ToolCall
 from strop.envs.openenv_server import MAX_MESSAGE_BYTES, serve_env
 from strop.errors import StropError
+from strop.files import check_regular
 from strop.serve.server import exposure_warning
 
 
@@ -191,12 +192,35 @@ def _try(args) -> int:
         env.close()
 
 
+def _adapter_target(folder: Path, resolve_model) -> dict:
+    """A LoRA adapter folder as an evaluation target: its base is the folder or model id its adapter_config.json
+    names (`base_model_name_or_path`, which strop's trainer writes)."""
+    try:
+        check_regular(folder / "adapter_config.json", what="adapter file adapter_config.json")  # not a FIFO
+        base = json.loads((folder / "adapter_config.json").read_text(errors="replace")[:1_000_000])[
+            "base_model_name_or_path"]
+        if not isinstance(base, str) or not base:
+            raise TypeError("not a name")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StropError(f"--model {folder}: an adapter folder whose adapter_config.json names no base model "
+                         f"({exc}); evaluate it as a tuned model (`strop models list`) instead") from None
+    if Path(base).is_dir():
+        return {"basePath": base, "adapter": str(folder)}
+    return {**resolve_model(base), "adapter": str(folder)}
+
+
 def _evaluate(args, model_ref: str) -> dict:
     # lazy: strop.control.evaluations pulls in sqlalchemy, pydantic, which importing this module does not need
     from strop.control.evaluations import resolve_model
     from strop.evals.envs import evaluate_env
-    # a model folder is used as it is; ids go through the store (tuned modelIds, selected base models)
-    target = {"basePath": model_ref} if Path(model_ref).is_dir() else resolve_model(model_ref)
+    # a model folder is used as it is, an adapter folder (a run's final/) on the base it names; ids go through the
+    # store (tuned modelIds, selected base models)
+    if (Path(model_ref) / "adapter_config.json").is_file():
+        target = _adapter_target(Path(model_ref), resolve_model)
+    elif Path(model_ref).is_dir():
+        target = {"basePath": model_ref}
+    else:
+        target = resolve_model(model_ref)
     report = evaluate_env(target.get("openai") or target["basePath"], args.name,
                           splits=args.splits.split(",") if args.splits else None, limit=args.limit,
                           options={"seed": args.seed}, adapter=target.get("adapter"), max_tokens=args.max_tokens,
