@@ -67,8 +67,8 @@ def main() -> int:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_task_flags(cli)
     cli.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                     help="what sampling and training compute in (default: %(default)s, bfloat16 where the CPU has "
-                          "bf16 units)")
+                     help="what training computes in, and sampling unless --sampler-dtype (default: %(default)s: "
+                          "training in bfloat16 where the CPU has bf16 units, sampling in float32, as a run does)")
     cli.add_argument("--sampler-dtype", choices=("float32", "bfloat16"),
                      help="the sampler's dtype when it should differ from --dtype's")
     cli.add_argument("--sampler", default="auto", choices=("auto", "strop", "vllm"),
@@ -77,9 +77,9 @@ def main() -> int:
     cli.add_argument("--out", type=Path, default=Path("benchmarks/out/learning_arithmetic"))
     args = cli.parse_args()
 
-    from strop.engine.precision import kernels, resolve_dtype
+    from strop.engine.precision import kernels, resolve_dtype, sampler_dtype_for
     dtype = resolve_dtype(args.dtype)
-    sampler_dtype = args.sampler_dtype or dtype
+    sampler_dtype = args.sampler_dtype or sampler_dtype_for(args.dtype)  # what a run at this --dtype samples in
     print(f"{args.model}, trainer {dtype}, sampler {sampler_dtype}; CPU kernels {kernels()}", flush=True)
     t_start = time.perf_counter()
     eval_rows = held_out(args.level, args.eval_n)

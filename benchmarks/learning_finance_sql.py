@@ -58,6 +58,7 @@ def main() -> int:
     if args.smoke:
         args.demos, args.sft_steps, args.grpo_steps, args.grpo_batch, args.grpo_group = 12, 2, 1, 2, 2
         args.max_tasks, args.eval_limit, args.grpo_seeds = 4, 6, "0"
+        args.pool_tasks, args.pool_samples = 3, 2
     if args.dtype != "auto":
         os.environ["STROP_DTYPE"] = args.dtype  # the evaluations' samplers too
     seeds = [int(s) for s in args.grpo_seeds.split(",") if s.strip()]
@@ -74,7 +75,12 @@ def main() -> int:
     sft = bench.phase("sft", {"demos": demos, "steps": args.sft_steps, "batch": args.sft_batch, "lr": args.sft_lr,
                               "rank": args.rank}, lambda: _sft(args, demos["file"]))
     models = {"sft": sft and sft["adapter"]}
-    grpo_settings = {"sft": sft, "steps": args.grpo_steps, "batch": args.grpo_batch, "group": args.grpo_group,
+    pool = None
+    if sft is not None and args.pool_tasks:
+        pool = bench.phase("pool", {"sft": sft, "demos": demos, "tasks": args.pool_tasks,
+                                    "samples": args.pool_samples, "temperature": args.temperature},
+                           lambda: _pool(args, env_spec, sft["adapter"], demos))
+    grpo_settings = {"sft": sft, "pool": pool and pool["ids"], "steps": args.grpo_steps, "batch": args.grpo_batch, "group": args.grpo_group,
                      "lr": args.grpo_lr, "kl": args.kl, "temperature": args.temperature,
                      "branchAtTurn": args.branch_at, "maxTasks": args.max_tasks, "maxTokens": args.max_tokens}
     evals = {"first-query": lambda adapter: _first_query(args, env_spec, adapter),
@@ -95,8 +101,11 @@ def main() -> int:
         if split == "train":
             if sft is not None:
                 seed = int(name.removeprefix("grpo-s"))
+                if args.pool_tasks and pool is None:
+                    continue  # the pool phase did not run yet
                 done = bench.phase(name, {**grpo_settings, "seed": seed},
-                                   lambda seed=seed: _grpo(args, env_spec, sft["adapter"], seed))
+                                   lambda seed=seed: _grpo(args, env_spec, sft["adapter"], seed,
+                                                           pool and pool["ids"]))
                 models[name] = done and done["adapter"]
             continue
         if name not in models or (name != "base" and models[name] is None):
@@ -121,8 +130,13 @@ def _cli() -> argparse.ArgumentParser:
     add("--sft-steps", type=int, default=24)
     add("--sft-batch", type=int, default=4)
     add("--sft-lr", type=float, default=5e-4)
+    add("--pool-tasks", type=int, default=96, help="train tasks after the demonstrations' probed for the RL pool: "
+        "from each one's discovery state the warm start writes --pool-samples first queries, and GRPO draws only "
+        "the tasks it solved sometimes but not always (default: %(default)s; 0: GRPO draws from the whole train "
+        "split)")
+    add("--pool-samples", type=int, default=8, help="first queries sampled per probed task (default: %(default)s)")
     add("--grpo-seeds", default="0,1", help="one GRPO run from the warm start per seed (default: %(default)s)")
-    add("--grpo-steps", type=int, default=4)
+    add("--grpo-steps", type=int, default=5)
     add("--grpo-batch", type=int, default=4, help="groups with reward variance wanted a step (default: %(default)s)")
     add("--grpo-group", type=int, default=8, help="episodes per task (default: %(default)s)")
     add("--max-tasks", type=int, default=12, help="most tasks dynamic sampling draws a step (default: %(default)s)")
@@ -202,10 +216,10 @@ def _sft(args, demos_file: str) -> dict:
     return {"adapter": str(sft.final_adapter), "heldOutLoss": held_out}
 
 
-def _grpo(args, env_spec: dict, adapter: str, seed: int) -> dict:
+def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None) -> dict:
+    environment = {"name": "finance-sql", "options": env_spec, "split": "train", **({"tasks": pool} if pool else {})}
     grpo = run_grpo(GRPOConfig(
-        base_model=args.model, init_adapter=adapter,
-        environment={"name": "finance-sql", "options": env_spec, "split": "train"},
+        base_model=args.model, init_adapter=adapter, environment=environment,
         max_steps=args.grpo_steps, batch_size=args.grpo_batch, group_size=args.grpo_group,
         max_completion_length=args.max_tokens, learning_rate=args.grpo_lr, lora_rank=args.rank,
         temperature=args.temperature, kl_beta=args.kl, kl_reference="start", variance_on="correctness",
@@ -229,39 +243,79 @@ def _episodes(args, env_spec: dict, split: str, adapter: str | None, max_tokens:
 
 
 def _first_query(args, env_spec: dict, adapter: str | None) -> dict:
-    """The model's turn from each eval-single task's discovery state: passed when it is a run_sql whose result's
-    first value, copied as the scripted agent copies it, is the answer."""
+    """The model's turn from each eval-single task's discovery state, greedy: passed when it is a run_sql whose
+    result's first value, copied as the scripted agent copies it, is the answer."""
     probe = FinanceSQLEnv(seed=0, **env_spec)
     tasks = probe.tasks("eval-single", args.eval_limit)
     probe.close()
+    outcomes = _first_queries(args, env_spec, adapter, tasks, samples=1, temperature=0.0)
+    passed = [bool(right) for right, _ in outcomes]
+    return {"pass@1": sum(passed) / max(1, len(passed)), "queried": sum(q for _, q in outcomes) / max(1, len(passed)),
+            "tasks": [t.id for t in tasks], "passed": passed}
+
+
+def _pool(args, env_spec: dict, adapter: str, demos: dict) -> dict:
+    """The RL pool: of the --pool-tasks train tasks after those the demonstrations used, the ones the warm start's
+    sampled first queries (at GRPO's temperature) solved sometimes but not always, where a group has variance."""
+    probe = FinanceSQLEnv(seed=0, **env_spec)
+    try:  # the demonstrations again (scripted, seconds): which tasks they used
+        used = {d["task"] for d in demonstrations(probe, n=args.demos, mistakes=args.mistakes, seed=0)}
+        tasks = [t for t in probe.tasks("train") if t.id not in used][:args.pool_tasks]
+    finally:
+        probe.close()
+    assert demos["made"] == len(used), "the demonstrations are not the ones the demos phase wrote"
+    outcomes = _first_queries(args, env_spec, adapter, tasks, samples=args.pool_samples, temperature=args.temperature)
+    solved = [right for right, _ in outcomes]
+    ids = [t.id for t, k in zip(tasks, solved) if 0 < k < args.pool_samples]
+    print(f"pool: {len(ids)} of {len(tasks)} probed train tasks solved 1..{args.pool_samples - 1} times of "
+          f"{args.pool_samples} ({sum(k == 0 for k in solved)} never, {sum(k == args.pool_samples for k in solved)} "
+          "always)", flush=True)
+    if not ids and args.smoke:  # toy sizes measure nothing: the phases after it still run
+        ids = [t.id for t in tasks]
+    if not ids:
+        sys.exit("the RL pool is empty: no probed task was solved sometimes; probe more (--pool-tasks) or run with "
+                 "--pool-tasks 0 to draw from the whole train split")
+    return {"ids": ids, "probed": len(tasks), "solved": solved,
+            "kinds": {k: sum(t.meta["kind"] == k for t in tasks if t.id in ids)
+                      for k in sorted({t.meta["kind"] for t in tasks})}}
+
+
+def _first_queries(args, env_spec: dict, adapter: str | None, tasks: list, *, samples: int,
+                   temperature: float) -> list[tuple[int, int]]:
+    """Per task, of `samples` next turns from its discovery state: how many were right (a run_sql whose result's
+    first value is the answer) and how many were a query at all."""
     sampler = ServiceClient().create_sampling_client(base_model=args.model, model_path=adapter)
     renderer = get_renderer(model_info.get_recommended_renderer_name(args.model), get_tokenizer(args.model))
-    passed, queried = [], 0
-    for start in range(0, len(tasks), FIRST_QUERY_AT_ONCE):
-        chunk = tasks[start:start + FIRST_QUERY_AT_ONCE]
-        envs = [FinanceSQLEnv(seed=0, **env_spec) for _ in chunk]
+    out = []
+    at_once = max(1, FIRST_QUERY_AT_ONCE // samples)
+    for start in range(0, len(tasks), at_once):
+        chunk = tasks[start:start + at_once]
+        envs = [[FinanceSQLEnv(seed=0, **env_spec) for _ in range(samples)] for _ in chunk]
         try:
-            episodes = [ToolEpisode(env, task, max_turns=args.max_turns, tools=env.tools())
-                        for env, task in zip(envs, chunk)]
-            started = [[(_discovered(e), [])] for e in episodes]
-            rolled = play(sampler, renderer, [[e] for e in episodes], max_tokens=args.max_tokens, temperature=0.0,
-                          max_turns=1, started=started)
+            groups = [[ToolEpisode(env, task, max_turns=args.max_turns, tools=env.tools()) for env in group]
+                      for group, task in zip(envs, chunk)]
+            started = [[(_discovered(e), []) for e in group] for group in groups]
+            rolled = play(sampler, renderer, groups, max_tokens=args.max_tokens, temperature=temperature,
+                          max_turns=1, started=started, seed=start)
         finally:
-            for env in envs:
-                env.close()
-        for task, (rollout,) in zip(chunk, rolled):
-            calls, _ = parse_tool_calls(rollout.turns[0].text) if rollout.turns else ([], [])
-            ok = False
-            if calls and calls[0].name == "run_sql" and rollout.messages[-1]["role"] == "tool":
-                queried += 1
-                try:
-                    answer = _copied(rollout.messages[-1]["content"], task.meta["unit"])
-                except IndexError:  # an error or an empty result: no value under a header
-                    answer = ""
-                ok = is_correct(parse_answer(answer), float(task.answer), task.meta["unit"])
-            passed.append(bool(ok))
-    return {"pass@1": sum(passed) / max(1, len(passed)), "queried": queried / max(1, len(passed)),
-            "tasks": [t.id for t in tasks], "passed": passed}
+            for group in envs:
+                for env in group:
+                    env.close()
+        for task, group in zip(chunk, rolled):
+            checked = [_first_query_right(rollout, task) for rollout in group]
+            out.append((sum(right for right, _ in checked), sum(query for _, query in checked)))
+    return out
+
+
+def _first_query_right(rollout, task) -> tuple[bool, bool]:
+    calls, _ = parse_tool_calls(rollout.turns[0].text) if rollout.turns else ([], [])
+    if not (calls and calls[0].name == "run_sql" and rollout.messages[-1]["role"] == "tool"):
+        return False, False
+    try:
+        answer = _copied(rollout.messages[-1]["content"], task.meta["unit"])
+    except IndexError:  # an error or an empty result: no value under a header
+        answer = ""
+    return bool(is_correct(parse_answer(answer), float(task.answer), task.meta["unit"])), True
 
 
 def _discovered(episode: ToolEpisode) -> list[dict]:

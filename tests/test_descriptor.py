@@ -372,3 +372,16 @@ def test_judge_terms_validate_and_map_to_the_loop():
     assert "terms[3].timeoutSeconds" in found
     assert "terms[4]" in found and 'a "rule" term needs a bundle' in found
     assert "terms[5].kind" in found and '"judge"' in found
+
+
+def test_an_environment_descriptor_can_name_the_tasks_to_train_on():
+    data = seed()
+    del data["config"]["dataset"], data["config"]["reward"]
+    data["config"]["environment"] = {"name": "finance-sql", "tasks": ["finance-sql/s0/train/c0/q001"]}
+    run = validate_descriptor(data)
+    config = run.to_grpo_config(None, [])
+    assert config.environment == {"name": "finance-sql", "options": {}, "split": "train",
+                                  "tasks": ["finance-sql/s0/train/c0/q001"]}
+    data["config"]["environment"]["tasks"] = []
+    assert problems(data) == ["$.config.environment.tasks: must be the tasks of the split to train on: a pool file "
+                              "(`strop envs eval --pool-out`) or a list of task ids (got []); an empty list names no task"]

@@ -94,3 +94,55 @@ def test_envs_eval_samples_on_finance_sql_writes_the_table_json_and_pool(tiny_mo
     assert "SAMPLED PASS@1" in out and "PASS@2" in out and "RL POOL (1..1 OF 2)" in out
     assert main(["envs", "eval", "finance-sql", "--model", str(tiny_model_dir), "--pool-out", str(tmp_path / "x")]) == 1
     assert "--pool-out needs --samples" in capsys.readouterr().err
+
+
+# -- training on the pool ---------------------------------------------------------------------------------------
+
+def test_pool_ids_read_the_file_pool_out_writes_in_order_once(tmp_path):
+    from strop.rl import task_pool
+    rows = pool_rows([_o("train", 0, "a", False, 1), _o("train", 1, "a", False, 0), _o("train", 2, "b", True, 3)],
+                     "finance-sql", {"seed": 0})
+    path = tmp_path / "pool.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + rows[:1]) + "\n")
+    assert task_pool.pool_ids(str(path)) == ["train-0", "train-2"]  # the unsolved task is not in the pool
+    assert task_pool.pool_ids(["b", "a", "b"]) == ["b", "a"]
+    assert task_pool.tasks_problem(str(path)) is None and task_pool.tasks_problem(["a"]) is None
+    assert "is not a file" in task_pool.tasks_problem(str(tmp_path / "nope.jsonl"))
+    assert "non-empty list" in task_pool.tasks_problem([]) and "non-empty list" in task_pool.tasks_problem([3])
+    for text, said in (("{not json\n", "line 1 is not JSON"), ('{"id": "x"}\n', 'line 1 has no "task" id'),
+                       ("\n", "names no task")):
+        path.write_text(text)
+        with pytest.raises(StropError, match=said):
+            task_pool.pool_ids(str(path))
+
+
+def test_grpo_draws_only_the_pools_tasks_and_keeps_their_ids(tiny_model_dir, tmp_path):
+    from strop.envs import get_env
+    from strop.rl import GRPOConfig, run_grpo
+    env = get_env("finance-sql", seed=1, max_turns=1)
+    train = env.tasks("train")
+    env.close()
+    chosen = [train[5].id, train[2].id]
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps({"task": t}) + "\n" for t in chosen))
+    config = GRPOConfig(base_model=str(tiny_model_dir), batch_size=2, group_size=2, max_steps=2,
+                        max_completion_length=6, environment={"name": "finance-sql", "options": {"seed": 1,
+                                                              "max_turns": 1}, "tasks": str(pool)})
+    run_grpo(config, tmp_path / "run", progress=False)
+    drawn = {json.loads(line)["task"] for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()}
+    assert drawn == set(chosen)  # 2 steps x 2 groups from a pool of 2: both, and nothing else
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["environment"]["tasks"] == chosen  # the ids, not the file: a resume draws from the same tasks
+    pool.write_text(json.dumps({"task": "finance-sql/s9/train/c0/q000"}) + "\n")
+    with pytest.raises(StropError, match="1 of the pool's 1 task ids are not tasks of finance-sql's 'train' split"):
+        run_grpo(config, tmp_path / "other", progress=False)
+    assert not (tmp_path / "other").exists()  # refused before the run folder was made
+
+
+def test_train_env_tasks_flag_is_checked_before_anything_loads(tmp_path, capsys):
+    missing = tmp_path / "pool.jsonl"
+    assert main(["train", "--environment", "finance-sql", "--env-tasks", str(missing), "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "--env-tasks" in err and "is not a file" in err
+    assert main(["train", "--env-tasks", str(missing)]) == 1
+    assert "--env-tasks chooses the tasks of --environment: give --environment too" in capsys.readouterr().err

@@ -41,6 +41,10 @@ def register(nouns) -> None:
     p.add_argument("--env-option", action="append", metavar="KEY=VALUE",
                    help="an option of --environment (VALUE read as JSON where it parses, else as text), e.g. "
                         "seed=3; repeat for several")
+    p.add_argument("--env-tasks", type=Path, metavar="POOL.jsonl",
+                   help="train on these tasks of --environment's split only: the RL pool `strop envs eval ENV "
+                        "--splits train --samples K --pool-out POOL.jsonl` wrote (tasks solved 1 to K-1 times of K, "
+                        "where a group has something to learn)")
     p.add_argument("--reward", action="append", metavar="REF[=WEIGHT]",
                    help="a reward term: builtin:gsm8k, builtin:gsm8k-format or DIR[#MODULE[:FUNCTION]], with an "
                         "optional weight (default 1.0); repeat for several terms (default: builtin:gsm8k)")
@@ -72,8 +76,11 @@ def config_values(args, rewards: list[dict]) -> dict:
     if args.environment is not None:
         values["environment"] = {"name": args.environment, "options": env_options(args.env_option or []),
                                  "split": "train"}
-    elif args.env_option:
-        raise StropError("--env-option sets an option of --environment: give --environment too")
+        if args.env_tasks is not None:  # absolute, as init_adapter: a resumed run reads it from anywhere
+            values["environment"]["tasks"] = str(args.env_tasks.resolve())
+    elif args.env_option or args.env_tasks is not None:
+        flag = "--env-option sets an option" if args.env_option else "--env-tasks chooses the tasks"
+        raise StropError(f"{flag} of --environment: give --environment too")
     if values.get("init_adapter"):  # absolute, so a resumed run finds it wherever it is started from
         values["init_adapter"] = str(Path(values["init_adapter"]).resolve())
     if args.ray_address is not None or args.samplers is not None or args.trainers is not None:
@@ -97,7 +104,7 @@ def flag_problems(args, rewards: list[dict]) -> list[str]:
         elif name == "ray":
             problems.append(f"{RAY_FLAGS}: {problem}")
         elif name == "environment":
-            problems.append(f"--environment/--env-option: {problem}")
+            problems.append(f"--environment/--env-option/--env-tasks: {problem}")
         elif name.startswith("reward_terms[") and args.reward:
             spec = args.reward[int(name[len("reward_terms["):name.index("]")])]
             problems.append(f"--reward {spec[:80]!r}: the weight {problem}")
@@ -173,7 +180,7 @@ def run_sft_command(args) -> int:
     # lazy: the trainer pulls in torch, transformers and peft
     from strop.sft import run_sft
     given = [flag for flag in given_flags(args, GRPOConfig) if flag not in SFTConfig.flags()]
-    given += [flag for flag in ("--reward", "--samplers", "--environment", "--env-option")
+    given += [flag for flag in ("--reward", "--samplers", "--environment", "--env-option", "--env-tasks")
               if getattr(args, flag[2:].replace("-", "_")) is not None]
     if given:
         raise StropError(f"{', '.join(given)}: {'a GRPO setting' if len(given) == 1 else 'GRPO settings'}, which "

@@ -258,12 +258,25 @@ class RewardSpec(_Strict):
     memory_mb: int = _setting("grader_memory_mb", unit="(MiB)")
 
 
+def _pool_problem(value) -> str | None:
+    if value is None or (isinstance(value, str) and value.strip()):
+        return None  # a file: whether it exists is the run's check, where it runs
+    if not isinstance(value, list):
+        return None if isinstance(value, str) else "neither a path nor a list"
+    if not value:
+        return "an empty list names no task"
+    return None if all(isinstance(t, str) and t.strip() for t in value) else "every task id is a non-empty string"
+
+
 class EnvironmentSpec(_Strict):
     name: Annotated[Text, _checked(lambda v: label_problem(v, max_chars=1000))] = _field(
         accepts='an environment name such as "finance-sql" (`strop envs list`), an OpenEnv server URL, or '
                 '"module:Class"')
     options: dict[str, Any] = _field(default_factory=dict, accepts='an object of the environment\'s options, e.g. {"seed": 0}')
     split: Label = _field("train", accepts='the split to train on, e.g. "train"')
+    tasks: Annotated[Any, _checked(_pool_problem)] = _field(
+        None, accepts='the tasks of the split to train on: a pool file (`strop envs eval --pool-out`) or a list of '
+                      'task ids')
 
 
 class RolloutCorrectionSpec(_Strict):
@@ -395,7 +408,8 @@ class RunDescriptor(_Strict):
         values.update(
             dataset=dataset or "synthetic:add",
             reward_terms=list(reward_terms) or [{"name": "unused", "weight": 1.0, "grader": "builtin:gsm8k"}],
-            environment=None if env is None else {"name": env.name, "options": dict(env.options), "split": env.split})
+            environment=None if env is None else {"name": env.name, "options": dict(env.options), "split": env.split,
+                                                  **({} if env.tasks is None else {"tasks": env.tasks})})
         wrong = sorted(set(overrides) - {f.name for f in dataclass_fields(GRPOConfig)})
         if wrong:
             raise StropError(f"unknown training config overrides {wrong}; known fields: "

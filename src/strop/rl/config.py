@@ -21,6 +21,7 @@ from strop.rl.dynamic_sampling import sampling_problems
 from strop.rl.loss_choices import (ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG,
                                    combination_problems)
 from strop.rl.branching import IDENTICAL_TURNS, branching_problems
+from strop.rl import task_pool
 from strop.rl.settings import TrainingSettings, setting
 
 KL_REFERENCES = ("start", "base")
@@ -44,7 +45,8 @@ class GRPOConfig(TrainingSettings):
                                  factory=lambda: [{"name": "correct", "weight": 1.0, "grader": "builtin:gsm8k"}])
     environment: dict | None = setting(None, 'a tool-use environment instead of a dataset: {"name": "finance-sql", '
                                        '"options": {...}, "split": "train"}; episodes of several turns, rewarded by '
-                                       'the environment')
+                                       'the environment; "tasks": a pool file (`strop envs eval --pool-out`) or task '
+                                       'ids trains on those tasks of the split only')
     group_size: int = setting(8, "completions sampled per prompt, at least 2; GRPO compares them with each other",
                               flag="--group-size", descriptor=_HP + "groupSize")
     warmup_steps: int = setting(0, "raise the learning rate linearly over the first N steps (step s uses "
@@ -218,9 +220,12 @@ class GRPOConfig(TrainingSettings):
         if self.environment is not None:
             env = self.environment
             if not isinstance(env, dict) or not isinstance(env.get("name"), str) \
-                    or not isinstance(env.get("options", {}), dict) or set(env) - {"name", "options", "split"}:
-                p.append(("environment", f"must be {{'name': ..., 'options': {{...}}, 'split': 'train'}}, got "
-                                         f"{repr(env)[:200]}"))
+                    or not isinstance(env.get("options", {}), dict) \
+                    or set(env) - {"name", "options", "split", "tasks"}:
+                p.append(("environment", f"must be {{'name': ..., 'options': {{...}}, 'split': 'train'}} (and "
+                                         f"optionally 'tasks': a pool file or task ids), got {repr(env)[:200]}"))
+            elif env.get("tasks") is not None and (problem := task_pool.tasks_problem(env["tasks"])):
+                p.append(("environment", f"tasks {problem}"))
         if not isinstance(self.reward_terms, list) or not self.reward_terms:
             p.append(("reward_terms", "give at least one term, e.g. [{'name': 'correct', 'weight': 1.0, "
                                       "'grader': 'builtin:gsm8k'}]"))

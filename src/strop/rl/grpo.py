@@ -23,7 +23,7 @@ import math
 import random
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -40,6 +40,7 @@ from strop.rl.episodes import EnvironmentSource, EnvPool, ProblemSource, problem
 from strop.rl.metrics import RunLog, read_jsonl
 from strop.rl.ahead import SampleAhead
 from strop.rl.skipped import SkippedUpdates
+from strop.rl import task_pool
 from strop.rl.dynamic_sampling import TaskDraws
 from strop.rl.reference import reference_sampler
 from strop.rl.step import StepContext, adam_params, learn_step, train_step, training_client
@@ -138,7 +139,7 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
             pool = EnvPool(config.environment, config.batch_size * config.group_size,
                            ray=RaySettings.from_spec(config.ray))
             stack.callback(pool.close)
-            items = pool.tasks(config.environment.get("split", "train"), config.dataset_limit)
+            items, config = _environment_tasks(pool, config)
         else:
             items = rows if rows is not None else load_rows(config.dataset, split="train",
                                                             limit=config.dataset_limit, seed=config.seed)
@@ -186,6 +187,18 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
         final = Path(training.save_weights(str(run_dir / "final")).result().path)
     return RunResult(run_dir=run_dir, steps=len(batches), final_adapter=final,
                      metrics=read_jsonl(run_dir / "metrics.jsonl"))
+
+
+def _environment_tasks(pool: EnvPool, config: GRPOConfig) -> tuple[list, GRPOConfig]:
+    """The environment's tasks the run draws from: its split's, or those its "tasks" pool names (read once: the
+    config the run saves holds the ids, so a resume draws from the same tasks), then the first dataset_limit."""
+    env = config.environment
+    split = env.get("split", "train")
+    if env.get("tasks") is None:
+        return pool.tasks(split, config.dataset_limit), config
+    ids = task_pool.pool_ids(env["tasks"])
+    chosen = task_pool.select(pool.tasks(split), ids, where=f"{pool.name}'s {split!r} split with these options")
+    return chosen[:config.dataset_limit], replace(config, environment={**env, "tasks": ids})
 
 
 def _grader_sandbox(config: GRPOConfig, run_dir: Path):
