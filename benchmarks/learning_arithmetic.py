@@ -4,6 +4,8 @@ after, with an exact McNemar test on the paired outcomes.
     python benchmarks/learning_arithmetic.py                      # 20 steps x 8 prompts x 8 samples x <= 48 tokens
     python benchmarks/learning_arithmetic.py --steps 30 --level add-sub
     python benchmarks/learning_arithmetic.py --sampler vllm --sampler-dtype float32   # rollouts and evaluations by vLLM
+    python benchmarks/learning_arithmetic.py --recipe dapo                        # a named recipe (issue 40's table)
+    python benchmarks/learning_arithmetic.py --sampler-dtype bfloat16 --set rollout_correction=tis
 
 The reference point (DESIGN.md): TRL GRPO on the same model and task went 29.0% -> 56.5% (p = 1e-11) in
 1,366 s. Prints reward per step, then accuracies, the discordant counts and p; the last line is a summary.
@@ -24,6 +26,37 @@ from strop.evals.stats import mcnemar_exact
 from strop.models import DEFAULT_MODEL
 from strop.rl import GRPOConfig, run_grpo
 from strop.scoring import load_grader
+
+
+# The named recipes of issue 40's table: GRPOConfig fields over today's default (importance-sampling loss, token
+# sum, group mean, one update per batch), each following the paper or library it is named after.
+RECIPES = {
+    "default": {},
+    "dapo": {"loss_fn": "ppo", "loss_aggregation": "token-mean", "clip_high": 1.28, "overlong": "soft-penalty",
+             "dynamic_sampling": True},                                  # DAPO, arXiv 2503.14476
+    "dr-grpo": {"loss_aggregation": "constant", "scale_by_std": False},  # Dr. GRPO, arXiv 2503.20783 (normaliser:
+                                                                        # max tokens, set below)
+    "gspo": {"loss_fn": "ppo", "importance_ratio": "sequence", "updates_per_batch": 2},  # GSPO, arXiv 2507.18071
+    "rloo": {"advantage_estimator": "rloo"},                             # RLOO, arXiv 2402.14740
+    "reinforce++": {"advantage_estimator": "reinforce++"},               # REINFORCE++, arXiv 2501.03262
+    "2-updates": {"loss_fn": "ppo", "updates_per_batch": 2},             # the sampled batch used twice, PPO's clip
+}
+
+
+def recipe_fields(name: str, max_tokens: int, extra: list[str]) -> dict:
+    """The recipe's fields, then each --set FIELD=VALUE (VALUE read as JSON where it parses, else as text)."""
+    fields = dict(RECIPES[name])
+    if fields.get("loss_aggregation") == "constant":
+        fields["loss_normalizer"] = float(max_tokens)
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: give FIELD=VALUE, e.g. rollout_correction=tis")
+        try:
+            fields[key] = json.loads(value)
+        except json.JSONDecodeError:
+            fields[key] = value
+    return fields
 
 
 def held_out(level: str, n: int) -> list:
@@ -74,6 +107,10 @@ def main() -> int:
     cli.add_argument("--sampler", default="auto", choices=("auto", "strop", "vllm"),
                      help="the engine that samples rollouts and evaluations (vllm: pip install -e \".[vllm]\" or "
                           "STROP_VLLM_PYTHON)")
+    cli.add_argument("--recipe", default="default", choices=sorted(RECIPES),
+                     help="the loss, advantage and update choices (issue 40's table; see RECIPES)")
+    cli.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                     help="a GRPOConfig field over the recipe's, e.g. rollout_correction=tis; repeat for several")
     cli.add_argument("--out", type=Path, default=Path("benchmarks/out/learning_arithmetic"))
     args = cli.parse_args()
 
@@ -96,7 +133,8 @@ def main() -> int:
     config = GRPOConfig(base_model=args.model, dataset=f"synthetic:{args.level}", max_steps=args.steps,
                         batch_size=args.batch_size, group_size=args.group_size, max_completion_length=args.max_tokens,
                         learning_rate=args.lr, lora_rank=args.rank, temperature=1.0, kl_beta=0.0,
-                        save_every=args.steps, keep_adapters=1, dtype=dtype)
+                        save_every=args.steps, keep_adapters=1, dtype=dtype,
+                        **recipe_fields(args.recipe, args.max_tokens, args.set))
     if args.out.exists():
         import shutil
         shutil.rmtree(args.out)  # a benchmark starts fresh; a resumed run would not measure training time
@@ -121,7 +159,7 @@ def main() -> int:
     print(f"after:  {sum(after)}/{len(after)} = {acc_after:.1%} ({eval_after_s:.0f} s)")
     print(f"discordant pairs: {b} right->wrong, {c} wrong->right; exact McNemar p = {p:.3g}")
     print(f"training {train_s:.0f} s for {args.steps} steps ({train_s / args.steps:.1f} s/step); total {total_s:.0f} s")
-    summary = {"model": args.model, "dtype": dtype, "sampler_dtype": sampler_dtype, "sampler": service.backend.sampler_facts(), "kernels": kernels(), "level": args.level, "steps": args.steps, "eval_n": len(eval_rows),
+    summary = {"model": args.model, "dtype": dtype, "sampler_dtype": sampler_dtype, "sampler": service.backend.sampler_facts(), "recipe": args.recipe, "set": args.set, "kernels": kernels(), "level": args.level, "steps": args.steps, "eval_n": len(eval_rows),
                "acc_before": acc_before, "acc_after": acc_after, "mcnemar_b": b, "mcnemar_c": c, "p": p,
                "train_seconds": train_s, "total_seconds": total_s}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
