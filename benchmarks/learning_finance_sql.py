@@ -1,6 +1,8 @@
 """Does tool use learn, and does RL add to a supervised warm start? SmolLM2-135M-Instruct in finance-sql: a
 supervised warm start on scripted demonstrations (SFT), then GRPO continued from it (SFT+GRPO, one run per
---grpo-seeds seed), each evaluated greedily on companies no training saw:
+--grpo-seeds seed) on its RL pool (the train tasks, none of them a demonstration's, whose first query the warm start
+got right in 1 to 7 of 8 samples: the groups that have something to learn), each evaluated greedily on companies no
+training saw:
 
 - first query: from each held-out eval-single task's discovery state (the tables listed and described by the
   scripted agent), is the model's next turn a query whose first value is the answer? One turn a task: the
