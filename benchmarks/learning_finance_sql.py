@@ -355,18 +355,43 @@ def summarize(args, bench: Bench, results: dict[str, dict]) -> None:
             p = mcnemar_exact(lost, gained)
             entry["mcnemar"][f"{a} vs {b}"] = {"right_then_wrong": lost, "wrong_then_right": gained, "p": p}
             print(f"{split:12s} {a} -> {b}: {gained} gained, {lost} lost, exact McNemar p = {p:.3g}")
-        for name, r in by_model.items():
-            for task, ok in zip(r["tasks"], r["passed"]):
-                row = entry["byKind"].setdefault(kinds.get(task, "?"), {})
-                row[name] = row.get(name, 0) + ok
-                row["n"] = row.get("n", 0) + (name == next(iter(by_model)))
+        entry["byKind"] = _by_kind(by_model, kinds)
         for kind, row in sorted(entry["byKind"].items()):
-            print(f"{split:12s} {kind:18s} " + "  ".join(f"{m} {v}/{row['n']}" for m, v in row.items() if m != "n"))
+            print(f"{split:12s} {kind:12s} " + "  ".join(f"{m} {v}/{row['n']}" for m, v in row.items()
+                                                          if m not in ("n", "vs"))
+                  + "".join(f"  [{m}: {t['gained']}+ {t['lost']}- p {t['p']:.2g}{' WORSE' if t['worse'] else ''}]"
+                            for m, t in row.get("vs", {}).items()))
     print("\nwall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in bench.seconds.items())
           + f"; {summary['minutes']} min in all" + (f"; not run yet: {', '.join(bench.skipped)}" if bench.skipped
                                                    else ""))
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary))
+
+
+def _by_kind(by_model: dict[str, dict], kinds: dict[str, str]) -> dict[str, dict]:
+    """Per kind of question: each model's passes, and each later model against the first (the warm start) on
+    the same tasks: gained, lost, exact McNemar p, and whether the kind got significantly worse (p < 0.05, more
+    lost than gained), the issue's "no kind significantly worse"."""
+    table: dict[str, dict] = {}
+    first = next(iter(by_model))
+    for name, r in by_model.items():
+        for task, ok in zip(r["tasks"], r["passed"]):
+            row = table.setdefault(kinds.get(task, "?"), {})
+            row[name] = row.get(name, 0) + ok
+            row["n"] = row.get("n", 0) + (name == first)
+    for name, r in list(by_model.items())[1:]:
+        if r["tasks"] != by_model[first]["tasks"]:
+            continue
+        pairs: dict[str, list[int]] = {}
+        for task, before, after in zip(r["tasks"], by_model[first]["passed"], r["passed"]):
+            counts = pairs.setdefault(kinds.get(task, "?"), [0, 0])
+            counts[0] += bool(after and not before)
+            counts[1] += bool(before and not after)
+        for kind, (gained, lost) in pairs.items():
+            p = mcnemar_exact(lost, gained)
+            table[kind].setdefault("vs", {})[name] = {"gained": gained, "lost": lost, "p": p,
+                                                      "worse": p < 0.05 and lost > gained}
+    return table
 
 
 def _kinds(args) -> dict[str, str]:
