@@ -84,13 +84,16 @@ def main() -> int:
                            lambda: _pool(args, env_spec, sft["adapter"], demos))
     grpo_settings = {"sft": sft, "pool": pool and pool["ids"], "steps": args.grpo_steps, "batch": args.grpo_batch, "group": args.grpo_group,
                      "lr": args.grpo_lr, "kl": args.kl, "temperature": args.temperature,
-                     "branchAtTurn": args.branch_at, "maxTasks": args.max_tasks, "maxTokens": args.max_tokens}
+                     "branchAtTurn": args.branch_at, "maxTasks": args.max_tasks, "maxTokens": args.max_tokens,
+                     **({} if args.scout_temperature is None else {"scoutTemperature": args.scout_temperature})}
     evals = {"first-query": lambda adapter: _first_query(args, env_spec, adapter),
              "eval-single": lambda adapter: _episodes(args, env_spec, "eval-single", adapter, args.max_tokens),
              "eval-multi": lambda adapter: _episodes(args, env_spec, "eval-multi", adapter, args.multi_max_tokens)}
     # the cheap measures first and the warm start's once, so that a --stop-after budget keeps the comparisons that
     # matter most: each seed's first-query measure, then full episodes, then the generalisation split
-    names = ["sft", *(f"grpo-s{seed}" for seed in seeds)]
+    # a GRPO variant's runs are models of their own (grpo-s0-scout0), beside the default's in the same OUT
+    variant = "" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}"
+    names = ["sft", *(f"grpo-s{seed}{variant}" for seed in seeds)]
     order = [("first-query", "sft")]
     for seed, name in zip(seeds, names[1:]):
         order += [("train", name), ("first-query", name)]
@@ -102,12 +105,12 @@ def main() -> int:
     for split, name in order:
         if split == "train":
             if sft is not None:
-                seed = int(name.removeprefix("grpo-s"))
+                seed = int(name.removeprefix("grpo-s").split("-")[0])
                 if args.pool_tasks and pool is None:
                     continue  # the pool phase did not run yet
                 done = bench.phase(name, {**grpo_settings, "seed": seed},
-                                   lambda seed=seed: _grpo(args, env_spec, sft["adapter"], seed,
-                                                           pool and pool["ids"]))
+                                   lambda seed=seed, name=name: _grpo(args, env_spec, sft["adapter"], seed,
+                                                                      pool and pool["ids"], name))
                 models[name] = done and done["adapter"]
             continue
         if name not in models or (name != "base" and models[name] is None):
@@ -144,6 +147,9 @@ def _cli() -> argparse.ArgumentParser:
     add("--max-tasks", type=int, default=12, help="most tasks dynamic sampling draws a step (default: %(default)s)")
     add("--branch-at", type=int, default=3, help="turn each group branches at: 3 is the first query after listing "
         "and describing a table (default: %(default)s; 1: whole-episode groups)")
+    add("--scout-temperature", type=float, default=None, help="the temperature each group's scout plays the turns "
+        "before the branch at (0: greedy, the discovery the model's own evaluation makes); its runs are the models "
+        "grpo-sSEED-scoutT beside the default's (default: GRPO's temperature)")
     add("--grpo-lr", type=float, default=5e-5)
     add("--kl", type=float, default=0.02, help="KL penalty to the warm start (default: %(default)s)")
     add("--temperature", type=float, default=0.7, help="GRPO sampling temperature (default: %(default)s)")
@@ -218,7 +224,7 @@ def _sft(args, demos_file: str) -> dict:
     return {"adapter": str(sft.final_adapter), "heldOutLoss": held_out}
 
 
-def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None) -> dict:
+def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None, name: str) -> dict:
     environment = {"name": "finance-sql", "options": env_spec, "split": "train", **({"tasks": pool} if pool else {})}
     grpo = run_grpo(GRPOConfig(
         base_model=args.model, init_adapter=adapter, environment=environment,
@@ -226,12 +232,13 @@ def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None)
         max_completion_length=args.max_tokens, learning_rate=args.grpo_lr, lora_rank=args.rank,
         temperature=args.temperature, kl_beta=args.kl, kl_reference="start", variance_on="correctness",
         dynamic_sampling=True, max_tasks_per_step=args.max_tasks, branch_at_turn=args.branch_at,
-        save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype), args.out / f"grpo-s{seed}", progress=False)
+        scout_temperature=args.scout_temperature, save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype),
+        args.out / name, progress=False)
     keys = ("reward", "zeroVarianceGroups", "tasksDrawn", "groupsKept", "datums", "trainedTokens", "klBase", "entropy",
             "stepSeconds", "sampleSeconds", "trainSeconds")
     steps = [{k: row.get(k) for k in ("step", *keys)} for row in grpo.metrics if row.get("step", -1) >= 0]
     for row in steps:
-        print(f"grpo-s{seed} " + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+        print(f"{name} " + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                                            for k, v in row.items()), flush=True)
     return {"adapter": str(grpo.final_adapter), "steps": steps}
 

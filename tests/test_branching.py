@@ -229,6 +229,38 @@ def test_skipping_identical_turns_leaves_the_gradient_as_it_was(tiny_model_dir):
         assert torch.allclose(g_full[name], g_skipped[name], rtol=1e-4, atol=1e-6), name
 
 
+class Tempered(Scripted):
+    """The scripted sampler, keeping each request's temperature and top_p too."""
+
+    def sample(self, prompt, num_samples, sampling_params):
+        self.params = getattr(self, "params", []) + [(sampling_params.temperature, sampling_params.top_p)]
+        return super().sample(prompt, num_samples, sampling_params)
+
+
+@pytest.mark.parametrize("scout, expected", [(None, (0.7, 0.9)), (0.0, (0.0, 1.0)), (1.3, (1.3, 0.9))])
+def test_the_scout_samples_at_scout_temperature_and_the_members_at_the_runs(renderer, scout, expected):
+    envs = [ToyEnv(max_turns=3) for _ in range(4)]
+    sampler = Tempered(renderer, add_then_answer)
+    [group] = play_branched(sampler, renderer, episodes_of(envs, envs[0].tasks("train", 1)), group_size=4,
+                            branch_at=2, max_tokens=64, temperature=0.7, top_p=0.9, seed=0,
+                            scout_temperature=scout)
+    # one request for the scout's turn, one of four samples for the members' continuations
+    assert [(turn, n) for turn, n, _ in sampler.requests] == [(0, 1), (1, 4)]
+    assert sampler.params == [expected, (0.7, 0.9)]   # greedy ignores top_p, so the scout asks for none
+    assert [r.shared_turns for r in group] == [1] * 4
+
+
+def test_scout_temperature_is_checked_with_branch_at_turn():
+    env = {"name": "toy_env:ToyEnv"}
+    assert GRPOConfig(environment=env, branch_at_turn=3, scout_temperature=0.0).scout_temperature == 0.0
+    assert GRPOConfig().scout_temperature is None
+    with pytest.raises(StropError, match=r"scout_temperature: must be a number from 0 to 10, or null \(got -1"):
+        GRPOConfig(environment=env, branch_at_turn=3, scout_temperature=-1)
+    with pytest.raises(StropError, match="scout_temperature: is the temperature of the episode a branched group is "
+                                         "played from; set branch_at_turn too"):
+        GRPOConfig(environment=env, scout_temperature=0.0)
+
+
 def test_the_settings_are_checked_and_named_in_each_front_end():
     env = {"name": "toy_env:ToyEnv"}
     config = GRPOConfig(environment=env, branch_at_turn=3, identical_turns="train")
@@ -246,17 +278,20 @@ def test_the_descriptor_maps_branch_at_turn_and_identical_turns_with_their_paths
     from strop.control import validate_descriptor
     from test_descriptor import problems, seed
     data = seed()
-    data["config"]["rlHyperparams"].update(branchAtTurn=2, identicalTurns="skip")
+    data["config"]["rlHyperparams"].update(branchAtTurn=2, identicalTurns="skip", scoutTemperature=0)
     data["config"].pop("dataset"), data["config"].pop("reward")
     data["config"]["environment"] = {"name": "toy_env:ToyEnv", "options": {"max_turns": 3}}
     run = validate_descriptor(data)
     config = run.to_grpo_config(None, [])
     assert (config.branch_at_turn, config.identical_turns, config.environment["name"]) == (2, "skip", "toy_env:ToyEnv")
+    assert config.scout_temperature == 0
     default = validate_descriptor(seed()).to_dict()["config"]["rlHyperparams"]
     assert default["branchAtTurn"] is None and default["identicalTurns"] == "auto"
+    assert default["scoutTemperature"] is None
 
-    data["config"]["rlHyperparams"].update(branchAtTurn=0, identicalTurns="sometimes")
+    data["config"]["rlHyperparams"].update(branchAtTurn=0, identicalTurns="sometimes", scoutTemperature=11)
     found = problems(data)
+    assert any(p.startswith("$.config.rlHyperparams.scoutTemperature: must be a number from 0 to 10") for p in found)
     assert any(p.startswith("$.config.rlHyperparams.branchAtTurn: must be an integer from 1 to 1,000") for p in found)
     assert any(p.startswith('$.config.rlHyperparams.identicalTurns: must be "auto"') for p in found), found
     dataset = seed()
@@ -281,12 +316,13 @@ def test_strop_train_takes_an_environment_and_branches_it(tiny_model_dir, tmp_pa
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     run_dir = tmp_path / "run"
     code = main(["train", "--base-model", str(tiny_model_dir), "--environment", "toy_env:ToyEnv", "--env-option",
-                 "max_turns=3", "--branch-at-turn", "2", "--identical-turns", "train", "--group-size", "2",
+                 "max_turns=3", "--branch-at-turn", "2", "--scout-temperature", "0", "--identical-turns", "train",
+                 "--group-size", "2",
                  "--batch-size", "2", "--steps", "1", "--max-tokens", "6", "--rank", "4", "--run-dir", str(run_dir),
                  "--quiet", "-o", "json"])
     assert code == 0, capsys.readouterr().err
     saved = json.loads((run_dir / "config.json").read_text())
-    assert (saved["branch_at_turn"], saved["identical_turns"]) == (2, "train")
+    assert (saved["branch_at_turn"], saved["identical_turns"], saved["scout_temperature"]) == (2, "train", 0.0)
     assert saved["environment"] == {"name": "toy_env:ToyEnv", "options": {"max_turns": 3}, "split": "train"}
     [row] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert row["untrainedTurns"] == 0 and row["trainedTokens"] == 0.0   # a random model: no reward, no signal
@@ -324,9 +360,10 @@ def test_a_run_in_an_environment_pins_its_branch_turn(workspace, capsys, monkeyp
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     path = descriptor(workspace, **{"config.dataset": None, "config.reward": None,
                                     "config.environment": {"name": "toy_env:ToyEnv", "options": {"max_turns": 3}},
-                                    "config.rlHyperparams.branchAtTurn": 2, "config.rlHyperparams.klBeta": 0.1})
+                                    "config.rlHyperparams.branchAtTurn": 2, "config.rlHyperparams.klBeta": 0.1,
+                                    "config.rlHyperparams.scoutTemperature": 0})
     code, out, err = run(capsys, "runs", "start", "-f", path, "--dry-run", "-o", "json")
     assert code == 0, err
     pinned = json.loads(out)["pinned"]["rl"]
     # a KL penalty: identical turns are trained under auto (their KL terms do not cancel)
-    assert (pinned["branchAtTurn"], pinned["identicalTurns"]) == (2, "train")
+    assert (pinned["branchAtTurn"], pinned["identicalTurns"], pinned["scoutTemperature"]) == (2, "train", 0)

@@ -143,6 +143,7 @@ class RLHyperparams(_Strict):
                                                      'until batchSize groups have variance')
     # turn-level credit (strop.rl.branching): a group branched at a turn; turns the whole group wrote alike
     branch_at_turn: int | None = _setting("branch_at_turn")
+    scout_temperature: float | None = _setting("scout_temperature")
     identical_turns: Literal[IDENTICAL_TURNS] = _field(
         _default("identical_turns"), accepts='"auto" (skip them where that changes no gradient: klBeta 0), "skip" or "train"')
     # how rewards become an update (strop.rl.loss_choices; docs/training.md, "Loss choices"): each at the

@@ -19,6 +19,10 @@ in order. The environment must be deterministic: the same task and the same call
 (no clock, no randomness of its own). Every replayed observation is compared with the scout's, and one that
 differs stops the step, saying which.
 
+The scout samples at the run's temperature, or at `scout_temperature` when that is set (0: greedy, so the group
+branches from the state the model's own greedy evaluation would reach rather than from a sampled one that may
+have gone astray before the decision being trained).
+
 A scout that ends before turn N (it answered at turn k < N, or its turn limit is below N) branches the group
 at the last turn it reached, k: turns 1 .. k-1 are shared and turn k is sampled G times (k = 1: an ordinary
 group). The scout itself is not trained.
@@ -48,10 +52,11 @@ IDENTICAL_TURNS = ("auto", "skip", "train")
 
 def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at: int, max_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_turns: int | None = None,
-                  on_turn=None) -> list[tuple]:
+                  on_turn=None, scout_temperature: float | None = None) -> list[tuple]:
     """The groups of a step's tasks, each branched at turn `branch_at` (1-based) from one scout's episode.
     `episodes_of(n)` makes n fresh episodes of every task, per task (a source's `episodes(tasks, n)`); the scouts
-    are made first and are done with before the members reset the same environments."""
+    are made first and are done with before the members reset the same environments. The scouts sample at
+    `scout_temperature` (0: greedy) when it is given, else at `temperature`, as the members do."""
     if branch_at <= 1:
         return play(sampler, renderer, episodes_of(group_size), max_tokens=max_tokens, temperature=temperature,
                     top_p=top_p, seed=seed, max_turns=max_turns, on_turn=on_turn)
@@ -59,8 +64,9 @@ def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at:
     messages = start_episodes(scouts)
     opening = [len(m) for m in messages]
     turns = [[] for _ in scouts]
-    ended = play_turns(sampler, renderer, scouts, messages, turns, max_tokens=max_tokens, temperature=temperature,
-                       top_p=top_p, seed=seed, max_turns=min(branch_at - 1, max_turns or branch_at))
+    scout_t = temperature if scout_temperature is None else scout_temperature
+    ended = play_turns(sampler, renderer, scouts, messages, turns, max_tokens=max_tokens, temperature=scout_t,
+                       top_p=top_p if scout_t else 1.0, seed=seed, max_turns=min(branch_at - 1, max_turns or branch_at))
     prefixes = []
     for t, (_, _, scout) in enumerate(scouts):
         limit = min(scout.max_turns, max_turns) if max_turns else scout.max_turns
@@ -143,4 +149,7 @@ def branching_problems(config) -> list[tuple[str, str]]:
     if n is not None and LIMITS["branch_at_turn"].problem(n) is None and config.environment is None:
         p.append(("branch_at_turn", "branches the episodes of a tool-use environment; a dataset's episodes have "
                                     "one turn: set environment, or leave branch_at_turn unset"))
+    if config.scout_temperature is not None and not config.branch_at_turn:
+        p.append(("scout_temperature", "is the temperature of the episode a branched group is played from; set "
+                                       "branch_at_turn too, or leave scout_temperature unset"))
     return p

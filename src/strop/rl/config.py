@@ -89,6 +89,12 @@ class GRPOConfig(TrainingSettings):
                                          "Needs an environment that gives the same observations for the same task "
                                          "and calls (strop.rl.branching); 1: an ordinary group; unset: no branching",
                                          flag="--branch-at-turn", descriptor=_HP + "branchAtTurn", metavar="N")
+    scout_temperature: float | None = setting(None, "with branch_at_turn, the temperature the one episode played "
+                                              "up to the branch samples at (0: greedy, the state the model's own "
+                                              "evaluation reaches); unset: the run's temperature. The group's "
+                                              "continuations sample at the run's temperature either way",
+                                              flag="--scout-temperature", descriptor=_HP + "scoutTemperature",
+                                              metavar="T")
     identical_turns: str = setting("auto", "turns every episode of a group wrote alike (same context, same tokens): "
                                    "skip leaves them out of the update (no advantage, no trainer compute); train "
                                    "trains them as before; auto skips them where that changes no gradient (loss_fn "
