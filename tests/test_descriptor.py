@@ -354,8 +354,10 @@ def test_judge_terms_validate_and_map_to_the_loop():
     assert run.term_names() == ["scoring", "judge", "ext"]
     specs = run.reward_term_specs(["/b#reward:compute_score", None, None])
     assert specs[1] == {"name": "judge", "weight": 0.5, "judge": {"rubric": "Is the work shown?",
-                                                                  "judge": "local:Qwen/Qwen3-0.6B", "timeout": 30.0}}
-    assert specs[2]["judge"] == {"rubric": "Correct?", "judge": "openai:j@http://127.0.0.1:8000/v1", "timeout": 5.0}
+                                                                  "judge": "local:Qwen/Qwen3-0.6B", "timeout": 30.0,
+                                                                  "mode": "pointwise"}}
+    assert specs[2]["judge"] == {"rubric": "Correct?", "judge": "openai:j@http://127.0.0.1:8000/v1", "timeout": 5.0,
+                                 "mode": "pointwise"}
 
     data = seed()
     data["config"]["reward"]["terms"] = [
@@ -364,8 +366,12 @@ def test_judge_terms_validate_and_map_to_the_loop():
         {"kind": "judge", "weight": "heavy", "rubric": "ok?"},
         {"kind": "judge", "weight": 1.0, "rubric": "ok?", "timeoutSeconds": 0},
         {"kind": "rule", "weight": 1.0},
-        {"kind": "grader", "weight": 1.0, "bundle": "builtin:gsm8k"}]
+        {"kind": "grader", "weight": 1.0, "bundle": "builtin:gsm8k"},
+        {"kind": "judge", "weight": 1.0, "rubric": "ok?", "mode": "rank"},
+        {"kind": "rule", "weight": 1.0, "bundle": "builtin:gsm8k", "mode": "group"}]
     found = "\n".join(problems(data))
+    assert "terms[6].mode" in found and '"pointwise"' in found and '"group"' in found
+    assert "terms[7]" in found and "mode is a \"judge\" term's" in found
     assert "terms[0]" in found and 'a "judge" term needs a rubric' in found
     assert "terms[1].judge" in found and "is not a judge form" in found
     assert "terms[2].weight" in found

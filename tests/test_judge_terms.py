@@ -80,3 +80,160 @@ def test_a_served_endpoint_judges_through_the_real_client(tiny_model_dir):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# ---- group mode (RULER-style): a group's completions scored against each other in one call ----------------------
+
+class ScriptedJudge:
+    """An OpenAI-compatible judge on loopback (a real HTTP server, read by the real openai client) whose verdict
+    follows a rule known in advance: a response containing "= 7" scores 9, any other 2. It keeps each request."""
+
+    def __init__(self, reply=None):
+        import json
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from loopback import chat_completion, send_json
+        self.requests = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                text = body["messages"][0]["content"]
+                parts = text.split("### Response ")[1:]
+                verdict = {f"response_{k}": 9 if "= 7" in part else 2 for k, part in enumerate(parts, 1)}
+                content = reply if reply is not None else json.dumps({**verdict, "reasoning": "by the rule"})
+                send_json(self, 200, chat_completion(body["model"], {"content": content}))
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def scripted_judge():
+    judge = ScriptedJudge()
+    yield judge
+    judge.close()
+
+
+def group_term(url: str, **spec):
+    [term] = terms_from_spec([{"name": "rank", "weight": 0.5, "judge": {
+        "rubric": "Which answers are correct?", "judge": f"openai:j@{url}", "mode": "group", **spec}}])
+    return term
+
+
+def test_a_group_judge_scores_the_whole_group_in_one_call(scripted_judge):
+    term = group_term(scripted_judge.url)
+    completions = ["3 + 4 = 7", "it is 8", "so 3 + 4 = 7 again"]
+    assert term.fn.score_group("What is 3 + 4?", "7", completions) == [0.9, 0.2, 0.9]
+    [request] = scripted_judge.requests
+    prompt = request["messages"][0]["content"]
+    # one message holding the task, the reference, the rubric and every response, numbered
+    assert "**Task:** What is 3 + 4?" in prompt and "**Reference answer (may be empty):** 7" in prompt
+    assert "Which answers are correct?" in prompt and "### Response 3\nso 3 + 4 = 7 again" in prompt
+    schema = request["response_format"]["json_schema"]["schema"]
+    assert schema["required"] == ["response_1", "response_2", "response_3", "reasoning"]
+    assert schema["properties"]["response_2"] == {"type": "integer", "minimum": 0, "maximum": 10}
+    # the same group again: from the cache; a different one: a second call
+    assert term.fn.score_group("What is 3 + 4?", "7", completions) == [0.9, 0.2, 0.9]
+    term.fn.score_group("What is 3 + 4?", "7", ["8", "= 7"])
+    assert len(scripted_judge.requests) == 2
+    stats = term.fn.stats()
+    assert (stats["calls"], stats["cacheHits"], stats["failures"]) == (2, 1, 0) and stats["seconds"] > 0
+
+
+def test_a_large_group_is_judged_in_parts_and_long_responses_are_cut(scripted_judge):
+    from strop.scoring.judge_terms import GROUP_MAX, RESPONSE_CHARS
+    term = group_term(scripted_judge.url)
+    completions = ["= 7" if k % 3 == 0 else "no" for k in range(GROUP_MAX + 4)]
+    completions[1] = "x" * (RESPONSE_CHARS + 500) + " = 7"   # its "= 7" is past the cut: the judge never sees it
+    scores = term.fn.score_group("q", "7", completions)
+    assert scores == [0.9 if k % 3 == 0 else 0.2 for k in range(GROUP_MAX + 4)]
+    assert [len(r["messages"][0]["content"].split("### Response ")) - 1 for r in scripted_judge.requests] == [GROUP_MAX, 4]
+    assert f"[cut: {RESPONSE_CHARS + 504:,} characters" in scripted_judge.requests[0]["messages"][0]["content"]
+
+
+def test_group_terms_are_scored_once_the_group_is_complete(scripted_judge):
+    from strop.rl.episodes import ProblemSource
+    from strop.rl.types import Rollout, Turn
+    from strop import types
+    length = {"name": "short", "weight": 1.0, "grader": "builtin:gsm8k-format"}
+    terms = terms_from_spec([length]) + [group_term(scripted_judge.url)]
+    # reply by reply, only the rule term is scored: the group term waits for the group
+    first = score_terms(terms, "3 + 4 = 7\n#### 7", Row())
+    assert set(first.scores) == {"short"} and first.errors == [] and scripted_judge.requests == []
+    source = ProblemSource(terms)
+    turn = lambda text: Turn(prompt=types.ModelInput.from_ints([1]), tokens=(2,), logprobs=(0.0,), text=text)  # noqa: E731
+    group = tuple(Rollout(turns=(turn(text),), reward=0.25, scores={"short": 0.25}, question=Row.question, gold="7",
+                          checks=2) for text in ("3 + 4 = 7", "8"))
+    [scored] = source.score_groups([group])
+    assert [r.scores for r in scored] == [{"short": 0.25, "rank": 0.9}, {"short": 0.25, "rank": 0.2}]
+    assert [r.reward for r in scored] == pytest.approx([0.25 + 0.5 * 0.9, 0.25 + 0.5 * 0.2])
+    assert len(scripted_judge.requests) == 1 and all(r.failed == 0 for r in scored)
+    # what the judge cost, per step: the calls since the last report
+    row = source.metrics(list(scored))
+    assert (row["judgeCalls"], row["judgeCacheHits"], row["judgeFailures"]) == (1, 0, 0) and row["judgeSeconds"] > 0
+    source.score_groups([group])
+    again = source.metrics(list(scored))
+    assert (again["judgeCalls"], again["judgeCacheHits"]) == (0, 1)
+
+
+def test_a_group_judge_that_fails_scores_the_group_0_and_is_counted():
+    from loopback import closed_port
+    from strop.rl.episodes import ProblemSource
+    from strop.rl.types import Rollout
+    bad = ScriptedJudge(reply='{"response_1": 11, "response_2": 3, "reasoning": "out of range"}')
+    try:
+        for url in (f"http://127.0.0.1:{closed_port()}/v1", bad.url):
+            source = ProblemSource([group_term(url, timeout=2)])
+            group = (Rollout(question="q", gold="7", checks=1), Rollout(question="q", gold="7", checks=1))
+            [scored] = source.score_groups([group])
+            assert [r.scores for r in scored] == [{"rank": 0.0}] * 2 and [r.reward for r in scored] == [0.0, 0.0]
+            assert [r.failed for r in scored] == [1, 1]
+            assert "could not score the group" in scored[0].errors[0] and "gave no verdict" in scored[0].errors[0]
+            assert source.metrics(list(scored))["judgeFailures"] == 1
+        assert "response_1 = 11 is outside 0-10" in scored[0].errors[0]
+    finally:
+        bad.close()
+
+
+def test_a_local_group_judge_holds_to_the_grammar(tiny_model_dir):
+    [term] = terms_from_spec([{"judge": {"rubric": "Correct?", "judge": f"local:{tiny_model_dir}", "mode": "group"}}])
+    scores = term.fn.score_group("What is 3 + 4?", "7", ["7", "8", "3 + 4 = 7"])
+    # a random model, held to the schema: three tenths of integers 0..10
+    assert len(scores) == 3 and all(0.0 <= s <= 1.0 and round(s * 10, 9) == int(round(s * 10)) for s in scores)
+    with pytest.raises(StropError, match="scores a group's completions together"):
+        term.fn(solution_str="7", ground_truth="7", extra_info={})
+
+
+def test_a_bad_mode_is_refused():
+    with pytest.raises(StropError, match="mode must be one of pointwise, group, got 'rank'"):
+        terms_from_spec([{"judge": {"rubric": "ok?", "mode": "rank"}}])
+
+
+def test_a_run_rewards_with_a_group_judge_and_reports_its_cost(tiny_model_dir, scripted_judge, tmp_path):
+    import json
+    from strop.rl.config import GRPOConfig
+    from strop.rl.grpo import run_grpo
+    config = GRPOConfig(base_model=str(tiny_model_dir), dataset="synthetic:add", group_size=3, batch_size=2,
+                        max_steps=1, max_completion_length=6, lora_rank=4, save_every=1, keep_adapters=1,
+                        reward_terms=[{"name": "correct", "weight": 1.0, "grader": "builtin:gsm8k"},
+                                      {"name": "rank", "weight": 0.5, "judge": {
+                                          "rubric": "Correct?", "judge": f"openai:j@{scripted_judge.url}",
+                                          "mode": "group"}}])
+    [row] = run_grpo(config, tmp_path / "run", progress=False).metrics
+    # one call per group of the step, each reading the group's three completions
+    assert row["judgeCalls"] == 2 and row["judgeFailures"] == 0 and row["rewardErrors"] == 0
+    assert [len(r["messages"][0]["content"].split("### Response ")) - 1 for r in scripted_judge.requests] == [3, 3]
+    records = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert len(records) == 6 and all(r["scores"]["rank"] in (0.2, 0.9) for r in records)
+    # the reward the advantages used includes the group term, at its weight
+    assert row["reward/rank"] == pytest.approx(0.5 * sum(r["scores"]["rank"] for r in records) / 6)

@@ -146,7 +146,7 @@ def _pin_terms(descriptor: RunDescriptor, pinned: dict) -> list[str]:
     for i, (name, term) in enumerate(zip(descriptor.term_names(), _terms(descriptor))):
         entry = {"name": name, "weight": term.weight, "module": term.module, "function": term.function}
         if term.kind == "judge":
-            entry["judge"] = term.judge
+            entry.update(judge=term.judge, mode=term.mode)
         elif term.is_builtin:
             entry["builtin"] = term.bundle
         else:

@@ -26,7 +26,7 @@ from strop.rl.config import KL_REFERENCES, ROLLOUT_CORRECTIONS, GRPOConfig
 from strop.rl.loss_choices import ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG
 from strop.rl.limits import LIMITS
 from strop.scoring.bundles import BUILTINS
-from strop.scoring.judge_terms import JUDGE_FORMS, judge_form_problem
+from strop.scoring.judge_terms import JUDGE_FORMS, MODES as JUDGE_MODES, judge_form_problem
 from strop.sft.config import SFTConfig
 from strop.trackers import CHOICES as TRACKER_CHOICES
 
@@ -184,6 +184,9 @@ class RewardTermSpec(_Strict):
     judge: str = _field("local", accepts=JUDGE_FORMS)
     timeout_seconds: float = _field(30.0, accepts="seconds a judge call may take, above 0 and at most 600",
                                     gt=0, le=600, allow_inf_nan=False)
+    mode: Literal[JUDGE_MODES] = _field("pointwise", accepts='"pointwise" (each completion alone) or "group" (a '
+                                                             "group's completions scored against each other in one "
+                                                             "call, RULER-style)")
     module: str = _field("reward", accepts='a Python module name such as "reward"', pattern=_MODULE)
     function: str = _field("compute_score", accepts='a Python function name such as "compute_score"',
                            pattern=_IDENTIFIER)
@@ -205,6 +208,8 @@ class RewardTermSpec(_Strict):
             raise ValueError('a "judge" term needs a rubric, e.g. "rubric": "Is the final answer correct?"')
         if self.kind == "judge" and self.bundle is not None:
             raise ValueError('a "judge" term takes no bundle: its judge scores each completion on the rubric')
+        if self.kind == "rule" and self.mode != "pointwise":
+            raise ValueError('mode is a "judge" term\'s: a "rule" term\'s bundle scores each completion alone')
         return self
 
     @field_validator("bundle")
@@ -384,7 +389,7 @@ class RunDescriptor(_Strict):
     def _judge_spec(self, term: RewardTermSpec) -> dict:
         """A judge term's entry for `terms_from_spec`; "local" is the run's base model."""
         judge = f"local:{self.base_model}" if term.judge == "local" else term.judge
-        return {"rubric": term.rubric, "judge": judge, "timeout": term.timeout_seconds}
+        return {"rubric": term.rubric, "judge": judge, "timeout": term.timeout_seconds, "mode": term.mode}
 
     def trainer_ray(self) -> dict | None:
         """execution.ray with its trainers counted: as given, else one a GPU where execution.gpus asks for more

@@ -201,7 +201,7 @@ class Judge:
 
     def __init__(self, model: str, metrics=None, *, retries: int = 2, max_tokens: int = 200, concurrency: int = 4,
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, max_retries: int = 3,
-                 local_model: str | None = None, adapter: str | None = None, service=None):
+                 local_model: str | None = None, adapter: str | None = None, service=None, prompt=None):
         if retries < 0:
             raise JudgeError(f"judge retries must be >= 0, got {retries}")
         self.model, self.metrics, self.retries = model, metrics_from(metrics), retries
@@ -212,6 +212,7 @@ class Judge:
         self._local = (local_model or _default_local()) if model == "local" else model
         self._adapter = adapter
         self._service = service  # a local judge samples through it when given (a ServiceClient shared with generation)
+        self._prompt = prompt or judge_prompt  # (metrics, item) -> the judge's message; a group judge words its own
 
     @property
     def ranges(self) -> dict[str, list[int]]:
@@ -270,7 +271,7 @@ class Judge:
                                                                    "strict": True}}
 
         def one(item):
-            messages = [{"role": "user", "content": judge_prompt(self.metrics, item)}]
+            messages = [{"role": "user", "content": self._prompt(self.metrics, item)}]
             kw = dict(model=ref.model, messages=messages, max_tokens=self.max_tokens,
                       temperature=0.0 if attempt == 0 else 0.7, seed=attempt)
             try:
@@ -296,7 +297,7 @@ class Judge:
         params = types.SamplingParams(max_tokens=self.max_tokens, temperature=0.0 if attempt == 0 else 0.7,
                                       seed=attempt, json_schema=schema, stop=renderer.get_stop_sequences())
         futures = [sampler.sample(prompt=renderer.build_generation_prompt(
-            [{"role": "user", "content": judge_prompt(self.metrics, item)}]), num_samples=1, sampling_params=params)
+            [{"role": "user", "content": self._prompt(self.metrics, item)}]), num_samples=1, sampling_params=params)
             for item in items]
         replies = []
         for future in futures:

@@ -18,6 +18,7 @@ A source makes the episodes of one step (`group_size` per row or task) and says 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import Protocol
 
@@ -29,6 +30,7 @@ from strop.envs.rubrics import rubric_metrics
 from strop.renderers.tools import STOP, parse_tool_calls
 from strop.rl.types import Rollout, Turn
 from strop.scoring import score_terms
+from strop.scoring.terms import is_group_term, score_group_terms
 from strop.scoring.score_range import SCORE_RANGE, score_problem
 
 OBSERVATION_CHARS = 16_000  # ~4,000 tokens: a page of rows; one 37 MB observation would have gone in whole
@@ -60,6 +62,8 @@ class EpisodeSource(Protocol):
     def record(self, rollout: Rollout, renderer) -> dict: ...
 
     def metrics(self, rollouts: list[Rollout]) -> dict: ...
+
+    def score_groups(self, groups: list) -> list: ...
 
 
 def problem_messages(row: Row, system_prompt: str | None = None, question_suffix: str = "") -> list[dict]:
@@ -228,6 +232,7 @@ class ProblemSource:
 
     def __init__(self, terms, *, system_prompt: str | None = None, question_suffix: str = ""):
         self.terms, self.system_prompt, self.question_suffix = terms, system_prompt, question_suffix
+        self._judged = {t.name: _judge_stats(t) for t in terms if _judge_stats(t) is not None}
 
     def episodes(self, rows: list[Row], group_size: int) -> list[list[ProblemEpisode]]:
         return [[ProblemEpisode(row, self.terms, system_prompt=self.system_prompt,
@@ -239,9 +244,37 @@ class ProblemSource:
                 "gold": rollout.gold, "completion": rollout.text, "scores": rollout.scores,
                 "tokens": len(turn.tokens), "stop_reason": turn.stop_reason, "errors": list(rollout.errors)}
 
+    def score_groups(self, groups: list) -> list:
+        """Each complete group with its group terms scored (a judge ranking the group's completions against each
+        other) and added to every rollout's scores and reward; the other terms were scored reply by reply."""
+        if not any(is_group_term(t) for t in self.terms):
+            return groups
+        weights = {t.name: t.weight for t in self.terms}
+        scored = []
+        for group in groups:
+            first = group[0]
+            scores, errors = score_group_terms(self.terms, first.question, first.gold, [r.text for r in group])
+            scored.append(tuple(dataclasses.replace(
+                r, scores={**r.scores, **s}, reward=r.reward + sum(weights[k] * v for k, v in s.items()),
+                failed=r.failed + len(errors), errors=r.errors + tuple(errors)) for r, s in zip(group, scores)))
+        return scored
+
     def metrics(self, rollouts: list[Rollout]) -> dict:
-        return {"terms": {t.name: t.weight * statistics.fmean(r.scores.get(t.name, 0.0) for r in rollouts)
-                          for t in self.terms}}
+        row = {"terms": {t.name: t.weight * statistics.fmean(r.scores.get(t.name, 0.0) for r in rollouts)
+                         for t in self.terms}}
+        if self._judged:  # what the judge terms cost since the last step's report
+            now = {t.name: _judge_stats(t) for t in self.terms if t.name in self._judged}
+            spent = {k: sum(now[n][k] - self._judged[n][k] for n in now)
+                     for k in ("calls", "cacheHits", "failures", "seconds")}
+            self._judged = now
+            row.update(judgeCalls=spent["calls"], judgeCacheHits=spent["cacheHits"],
+                       judgeFailures=spent["failures"], judgeSeconds=spent["seconds"])
+        return row
+
+
+def _judge_stats(term) -> dict | None:
+    stats = getattr(term.fn, "stats", None)
+    return stats() if callable(stats) else None
 
 
 class EnvironmentSource:
@@ -266,6 +299,9 @@ class EnvironmentSource:
         return {"task": rollout.task_id, "question": rollout.question, "gold": rollout.gold,
                 "turns": len(rollout.turns), "transcript": rollout.transcript(), "state": rollout.state,
                 "info": rollout.info, "errors": list(rollout.errors)}
+
+    def score_groups(self, groups: list) -> list:
+        return groups  # an environment's reward is its own: no group terms
 
     def metrics(self, rollouts: list[Rollout]) -> dict:
         turns = sum(len(r.turns) for r in rollouts)

@@ -111,6 +111,11 @@ def sample_step(ctx: StepContext, step: int, items: list, sampler=None, policy_s
     sampler = sampler or ctx.training.save_weights_and_get_sampling_client()
 
     def roll(tasks: list, round_: int = 0) -> list:
+        # group terms (a judge ranking a group's completions) once each group is complete, before its variance
+        # is judged
+        return ctx.source.score_groups(played(tasks, round_))
+
+    def played(tasks: list, round_: int) -> list:
         seed = step_seed(config, step) + dynamic_sampling.ROUND_SEED * round_
         if config.branch_at_turn:
             return play_branched(sampler, ctx.renderer, lambda n: ctx.source.episodes(tasks, n),

@@ -113,6 +113,10 @@ class StepMetrics:
     overlongPenalty: float | None = None       # overlong soft-penalty: the mean penalty added to the rollouts' rewards
     updateClippedFractions: list | None = None  # ppo, cispo: per optimizer step, the share of trained tokens clipped
     optimizerSteps: int | None = None          # updatesPerBatch x minibatches (when either is above 1)
+    judgeCalls: int | None = None              # judge reward terms: calls made since the last step (cache misses)
+    judgeCacheHits: int | None = None          # judge reward terms: verdicts taken from the cache instead
+    judgeFailures: int | None = None           # judge reward terms: calls that gave no verdict (scored 0.0)
+    judgeSeconds: float | None = None          # judge reward terms: seconds spent waiting for verdicts
 
     def as_row(self) -> dict:
         """The JSON row: every field by its name, `reward/NAME` and `rubric/NAME` flattened, absent optionals

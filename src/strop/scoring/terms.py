@@ -29,7 +29,7 @@ from strop.scoring.bundles import DEFAULT_FUNCTION, DEFAULT_MODULE, load_grader,
 from strop.scoring.score_range import SCORE_RANGE, score_problem
 
 SPEC_KEYS = ("name", "weight", "grader", "judge")
-JUDGE_KEYS = ("rubric", "judge", "timeout")
+JUDGE_KEYS = ("rubric", "judge", "timeout", "mode")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,8 @@ def score_terms(terms: list[RewardTerm], completion: str, row: Any, *, data_sour
     errors: list[str] = []
     total = 0.0
     for term in terms:
+        if is_group_term(term):
+            continue  # scored with the rest of its group once the group is complete: score_group_terms
         # Each grader gets its own copy, so one that mutates extra_info cannot change what the next one sees.
         info = dict(extra)
         try:
@@ -84,6 +86,35 @@ def score_terms(terms: list[RewardTerm], completion: str, row: Any, *, data_sour
         scores[term.name] = value
         total += term.weight * value
     return TermScores(scores=scores, total=total, errors=errors)
+
+
+def is_group_term(term: RewardTerm) -> bool:
+    """A term that scores a group's completions together (a judge term in group mode), not one at a time."""
+    return bool(getattr(term.fn, "group", False))
+
+
+def score_group_terms(terms: list[RewardTerm], question: str, ground_truth, completions: list[str]
+                      ) -> tuple[list[dict[str, float]], list[str]]:
+    """The group terms' scores for each of a group's completions (one dict per completion, the term's raw score
+    by name) and what went wrong: a term that raised or scored out of range scores 0.0 for the whole group,
+    with its reason listed once, as `score_terms` does for one completion's grader."""
+    scores: list[dict[str, float]] = [{} for _ in completions]
+    errors: list[str] = []
+    for term in terms:
+        if not is_group_term(term):
+            continue
+        try:
+            values = [float(v) for v in term.fn.score_group(question, ground_truth, list(completions))]
+            problem = next((score_problem(v) for v in values if score_problem(v)), None)
+            if len(values) != len(completions) or problem:
+                raise ValueError(problem or f"{len(values)} scores for {len(completions)} completions")
+        except Exception as e:  # noqa: BLE001 - a judge that fails scores the group 0.0, counted like a grader
+            errors.append(f"reward term {term.name!r}{_from(term)} could not score the group: "
+                          f"{type(e).__name__}: {e}")
+            values = [0.0] * len(completions)
+        for row, value in zip(scores, values):
+            row[term.name] = value
+    return scores, errors
 
 
 def terms_from_spec(spec: list[dict], *, sandbox=None) -> list[RewardTerm]:
@@ -124,7 +155,7 @@ def terms_from_spec(spec: list[dict], *, sandbox=None) -> list[RewardTerm]:
 
 
 def _judge_term(where: str, entry: dict, taken: list[str]) -> RewardTerm:
-    """A term scored by an LLM judge: `{"name", "weight", "judge": {"rubric", "judge", "timeout"}}`."""
+    """A term scored by an LLM judge: `{"name", "weight", "judge": {"rubric", "judge", "timeout", "mode"}}`."""
     spec = entry["judge"]
     if not isinstance(spec, dict):
         raise StropError(f"{where}: 'judge' must be a mapping like {{'rubric': 'Is it correct?', 'judge': 'local'}}, "
@@ -137,7 +168,8 @@ def _judge_term(where: str, entry: dict, taken: list[str]) -> RewardTerm:
     # imported here: the judge is built on strop.evals, which imports this module to score its items
     from strop.scoring.judge_terms import JudgeGrader
     try:
-        fn = JudgeGrader(spec.get("rubric"), spec.get("judge", "local"), timeout=spec.get("timeout", 30.0))
+        fn = JudgeGrader(spec.get("rubric"), spec.get("judge", "local"), timeout=spec.get("timeout", 30.0),
+                         mode=spec.get("mode", "pointwise"))
     except StropError as exc:
         raise StropError(f"{where} ({name!r}): {exc}") from None
     return RewardTerm(name=name, weight=weight, fn=fn, ref=f"judge:{fn.judge}")
