@@ -273,8 +273,9 @@ class ProblemSource:
 
 
 def _judge_stats(term) -> dict | None:
+    """A judge term's cost so far (`JudgeGrader.stats`); None for any other grader."""
     stats = getattr(term.fn, "stats", None)
-    return stats() if callable(stats) else None
+    return stats() if (term.ref or "").startswith("judge:") and callable(stats) else None
 
 
 class EnvironmentSource:

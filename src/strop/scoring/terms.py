@@ -90,7 +90,7 @@ def score_terms(terms: list[RewardTerm], completion: str, row: Any, *, data_sour
 
 def is_group_term(term: RewardTerm) -> bool:
     """A term that scores a group's completions together (a judge term in group mode), not one at a time."""
-    return bool(getattr(term.fn, "group", False))
+    return getattr(term.fn, "group", False) is True and callable(getattr(term.fn, "score_group", None))
 
 
 def score_group_terms(terms: list[RewardTerm], question: str, ground_truth, completions: list[str]
