@@ -217,6 +217,17 @@ def test_a_local_group_judge_holds_to_the_grammar(tiny_model_dir):
 def test_a_bad_mode_is_refused():
     with pytest.raises(StropError, match="mode must be one of pointwise, group, got 'rank'"):
         terms_from_spec([{"judge": {"rubric": "ok?", "mode": "rank"}}])
+    with pytest.raises(StropError) as err:   # a 100 kB mode is named, not echoed
+        terms_from_spec([{"judge": {"rubric": "ok?", "mode": "x" * 100_000}}])
+    assert len(str(err.value)) < 300
+
+
+def test_a_huge_task_is_cut_before_the_group_judge_reads_it(scripted_judge):
+    from strop.scoring.judge_terms import RESPONSE_CHARS
+    term = group_term(scripted_judge.url)
+    assert term.fn.score_group("q" * 100_000, "7" * 50_000, ["= 7", "8"]) == [0.9, 0.2]
+    prompt = scripted_judge.requests[0]["messages"][0]["content"]
+    assert len(prompt) < 3 * RESPONSE_CHARS + 2_000 and "[cut: 100,000 characters" in prompt
 
 
 def test_a_run_rewards_with_a_group_judge_and_reports_its_cost(tiny_model_dir, scripted_judge, tmp_path):

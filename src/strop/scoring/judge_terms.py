@@ -77,7 +77,7 @@ class JudgeGrader:
     def __init__(self, rubric: str, judge: str = "local", *, timeout: float = 30.0, base_model: str | None = None,
                  max_tokens: int = 512, service=None, mode: str = "pointwise"):
         if mode not in MODES:
-            raise StropError(f"judge reward term: mode must be one of {', '.join(MODES)}, got {mode!r}")
+            raise StropError(f"judge reward term: mode must be one of {', '.join(MODES)}, got {repr(mode)[:60]}")
         if not isinstance(rubric, str) or not rubric.strip():
             raise StropError("a judge reward term needs a rubric: a sentence saying what earns a high score")
         problem = judge_form_problem(judge)
@@ -149,7 +149,7 @@ class JudgeGrader:
 
     def _group_prompt(self, metrics: list[JudgeMetric], item: JudgeInput) -> str:
         example = json.dumps({m.name: 0 for m in metrics} | {"reasoning": "<one sentence>"}).replace("0", "<int>")
-        return GROUP_PROMPT.format(count=len(metrics), question=item.question, ground_truth=item.ground_truth,
+        return GROUP_PROMPT.format(count=len(metrics), question=_cut(item.question), ground_truth=_cut(item.ground_truth),
                                    rubric=self.rubric, responses=item.response, example=example)
 
     def __call__(self, *, data_source=None, solution_str: str, ground_truth=None, extra_info=None) -> float:
@@ -180,7 +180,12 @@ def _responses(part: list[str]) -> str:
     shown = []
     for k, text in enumerate(part, 1):
         text = text if isinstance(text, str) else str(text)
-        if len(text) > RESPONSE_CHARS:
-            text = f"{text[:RESPONSE_CHARS]}\n[cut: {len(text):,} characters, the first {RESPONSE_CHARS:,} shown]"
-        shown.append(f"### Response {k}\n{text}")
+        shown.append(f"### Response {k}\n{_cut(text)}")
     return "\n\n".join(shown)
+
+
+def _cut(text: str) -> str:
+    """A text the group judge reads: whole, or its first RESPONSE_CHARS and a line saying how much was cut."""
+    if len(text) <= RESPONSE_CHARS:
+        return text
+    return f"{text[:RESPONSE_CHARS]}\n[cut: {len(text):,} characters, the first {RESPONSE_CHARS:,} shown]"
