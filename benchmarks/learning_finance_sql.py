@@ -1,7 +1,7 @@
 """Does tool use learn, and does RL add to a supervised warm start? SmolLM2-135M-Instruct in finance-sql: a
 supervised warm start on scripted demonstrations (SFT), then GRPO continued from it (SFT+GRPO, one run per
 --grpo-seeds seed) on its RL pool (the train tasks, none of them a demonstration's, whose first query the warm start
-got right in 1 to 7 of 8 samples: the groups that have something to learn), each evaluated greedily on companies no
+got right at least twice and missed at least twice in 16 samples: the groups that have something to learn), each evaluated greedily on companies no
 training saw:
 
 - first query: from each held-out eval-single task's discovery state (the tables listed and described by the
@@ -60,7 +60,7 @@ def main() -> int:
     if args.smoke:
         args.demos, args.sft_steps, args.grpo_steps, args.grpo_batch, args.grpo_group = 12, 2, 1, 2, 2
         args.max_tasks, args.eval_limit, args.grpo_seeds = 4, 6, "0"
-        args.pool_tasks, args.pool_samples = 3, 2
+        args.pool_tasks, args.pool_samples, args.pool_resample = 3, 2, 2
     if args.dtype != "auto":
         os.environ["STROP_DTYPE"] = args.dtype  # the evaluations' samplers too
     seeds = [int(s) for s in args.grpo_seeds.split(",") if s.strip()]
@@ -82,6 +82,9 @@ def main() -> int:
         pool = bench.phase("pool", {"sft": sft, "demos": demos, "tasks": args.pool_tasks,
                                     "samples": args.pool_samples, "temperature": args.temperature},
                            lambda: _pool(args, env_spec, sft["adapter"], demos))
+        if pool is not None and args.pool_resample:
+            pool = bench.phase("pool-resample", {"pool": pool, "samples": args.pool_resample},
+                               lambda: _pool_resample(args, env_spec, sft["adapter"], pool))
     grpo_settings = {"sft": sft, "pool": pool and pool["ids"], "steps": args.grpo_steps, "batch": args.grpo_batch, "group": args.grpo_group,
                      "lr": args.grpo_lr, "kl": args.kl, "temperature": args.temperature,
                      "branchAtTurn": args.branch_at, "maxTasks": args.max_tasks, "maxTokens": args.max_tokens,
@@ -140,6 +143,10 @@ def _cli() -> argparse.ArgumentParser:
         "the tasks it solved sometimes but not always (default: %(default)s; 0: GRPO draws from the whole train "
         "split)")
     add("--pool-samples", type=int, default=8, help="first queries sampled per probed task (default: %(default)s)")
+    add("--pool-resample", type=int, default=8, help="further first queries sampled for each probed task solved at "
+        "least once: the pool keeps the tasks then solved at least twice, and at least twice not, of all the "
+        "samples (a task seen right once in 8 is mostly rarer than that: a group of 8 at a true 1 in 20 has "
+        "variance a third of the time). 0: keep the first probe's 1..K-1 (default: %(default)s)")
     add("--grpo-seeds", default="0,1", help="one GRPO run from the warm start per seed (default: %(default)s)")
     add("--grpo-steps", type=int, default=5)
     add("--grpo-batch", type=int, default=4, help="groups with reward variance wanted a step (default: %(default)s)")
@@ -289,8 +296,36 @@ def _pool(args, env_spec: dict, adapter: str, demos: dict) -> dict:
                       for k in sorted({t.meta["kind"] for t in tasks})}}
 
 
+def _pool_resample(args, env_spec: dict, adapter: str, pool: dict) -> dict:
+    """The pool again, on more samples: every probed task the first probe solved at least once is sampled
+    --pool-resample more times (other seeds), and the pool keeps those solved at least 2 times and missed at least
+    2 times of all their samples. A task never solved in the first probe stays out (its rate is under 1/K)."""
+    probe = FinanceSQLEnv(seed=0, **env_spec)
+    try:
+        by_id = {t.id: t for t in probe.tasks("train")}
+        used = {d["task"] for d in demonstrations(probe, n=args.demos, mistakes=args.mistakes, seed=0)}
+    finally:
+        probe.close()
+    probed = [t for t in by_id.values() if t.id not in used][:pool["probed"]]
+    again = [(t, k) for t, k in zip(probed, pool["solved"]) if k > 0]
+    outcomes = _first_queries(args, env_spec, adapter, [t for t, _ in again], samples=args.pool_resample,
+                              temperature=args.temperature, seed_offset=1_000_003)
+    total = args.pool_samples + args.pool_resample
+    solved = {t.id: k + right for (t, k), (right, _) in zip(again, outcomes)}
+    ids = [i for i, k in solved.items() if 2 <= k <= total - 2]
+    print(f"pool, resampled: {len(ids)} of the {len(again)} tasks solved at least once are solved 2..{total - 2} "
+          f"times of {total}", flush=True)
+    if not ids and args.smoke:
+        ids = list(solved) or pool["ids"]
+    if not ids:
+        sys.exit("the resampled RL pool is empty; run with --pool-resample 0 to keep the first probe's")
+    return {"ids": ids, "solved": solved, "samples": total,
+            "kinds": {k: sum(by_id[i].meta["kind"] == k for i in ids)
+                      for k in sorted({by_id[i].meta["kind"] for i in solved})}}
+
+
 def _first_queries(args, env_spec: dict, adapter: str | None, tasks: list, *, samples: int,
-                   temperature: float) -> list[tuple[int, int]]:
+                   temperature: float, seed_offset: int = 0) -> list[tuple[int, int]]:
     """Per task, of `samples` next turns from its discovery state: how many were right (a run_sql whose result's
     first value is the answer) and how many were a query at all."""
     sampler = ServiceClient().create_sampling_client(base_model=args.model, model_path=adapter)
@@ -305,7 +340,7 @@ def _first_queries(args, env_spec: dict, adapter: str | None, tasks: list, *, sa
                       for group, task in zip(envs, chunk)]
             started = [[(_discovered(e), []) for e in group] for group in groups]
             rolled = play(sampler, renderer, groups, max_tokens=args.max_tokens, temperature=temperature,
-                          max_turns=1, started=started, seed=start)
+                          max_turns=1, started=started, seed=seed_offset + start)
         finally:
             for group in envs:
                 for env in group:
