@@ -45,6 +45,16 @@ def test_auto_follows_the_hardware_and_can_be_forced(monkeypatch):
     monkeypatch.delenv("STROP_DTYPE")
     service = ServiceClient()
     assert service.backend.sampler_dtype == torch.float32 and service.dtype == expected
+    # a run's own rollouts sample in what its trainer computes in; its evaluations in float32 on a CPU
+    assert precision.sampler_dtype_for("auto", rollouts=True) == expected
+    assert precision.sampler_dtype_for("float32", rollouts=True) == "float32"
+    rollouts = ServiceClient(sampler_dtype="trainer").backend
+    assert rollouts.sampler_dtype == getattr(torch, expected)
+    evaluations = rollouts.for_evaluations()
+    assert evaluations.sampler_dtype == torch.float32 and (evaluations is rollouts) == (expected == "float32")
+    assert evaluations is rollouts.for_evaluations()  # made once
+    with pytest.raises(StropError, match="sampler_dtype must be one of auto, float32, bfloat16, trainer, got 'half'"):
+        ServiceClient(sampler_dtype="half")
 
 
 def test_configs_and_descriptors_refuse_an_unknown_dtype():
@@ -118,6 +128,30 @@ def test_bf16_sampler_logprobs_agree_with_the_bf16_trainer(tiny_model_dir):
             "weights": types.TensorData.from_torch(torch.ones(len(full) - 1))})
         trained = trainer.forward([datum]).loss_fn_outputs[0]["logprobs"].to_torch()[len(prompt) - 1:]
         assert (trained - torch.tensor(seq.logprobs)).abs().max() < 0.15  # bf16 rounding, two kernels
+
+
+def test_bf16_rollouts_take_tis_and_evaluations_during_the_run_sample_in_float32(tiny_model_dir, tmp_path):
+    from strop.rl.grpo import rollout_correction, run_grpo
+    assert rollout_correction(GRPOConfig(), torch.bfloat16) == "tis"
+    assert rollout_correction(GRPOConfig(), torch.float32) == "off"
+    assert rollout_correction(GRPOConfig(rollout_correction="off"), torch.bfloat16) == "off"
+    assert rollout_correction(GRPOConfig(rollout_correction="tis"), torch.float32) == "tis"
+    scored = []
+
+    def on_eval(step, training, renderer):  # what a project's evaluation during the run samples with
+        sampler = training.evaluation_sampling_client()
+        scored.append((step, sampler.backend.sampler_dtype, sampler.adapter is not None))
+
+    config = GRPOConfig(base_model=str(tiny_model_dir), dataset="synthetic:add", dataset_limit=4, max_steps=2,
+                        batch_size=2, group_size=2, max_completion_length=4, reward_terms=[
+                            {"name": "correct", "weight": 1.0, "grader": "builtin:gsm8k"}],
+                        dtype="bfloat16", eval_every=1, save_every=2)
+    run_grpo(config, tmp_path / "run", progress=False, on_eval=on_eval)
+    engine = json.loads((tmp_path / "run" / "engine.json").read_text())
+    assert engine["trainerDtype"] == engine["samplerDtype"] == "bfloat16" and engine["rolloutCorrection"] == "tis"
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["rollout_correction"] == "tis"
+    # an explicit bfloat16 is every sampler's choice, evaluations' too (under auto they take float32)
+    assert scored == [(1, torch.bfloat16, True)]
 
 
 def test_strop_train_dtype_flag_is_recorded_with_the_run(tiny_model_dir, tmp_path, capsys):

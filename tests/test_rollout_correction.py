@@ -52,7 +52,7 @@ def test_config_and_descriptor_name_the_correction():
     config = GRPOConfig(rollout_correction="tis", rollout_correction_cap=3.0, loss_fn_config={"clip_low_threshold": 0.7})
     assert loss_config(config) == {"clip_low_threshold": 0.7, "tis_cap": 3.0}
     assert loss_config(GRPOConfig()) == {}
-    with pytest.raises(StropError, match="rollout_correction: must be one of off, tis, got .yes."):
+    with pytest.raises(StropError, match="rollout_correction: must be one of auto, off, tis, got .yes."):
         GRPOConfig(rollout_correction="yes")
     with pytest.raises(StropError, match="rollout_correction_cap"):
         GRPOConfig(rollout_correction="tis", rollout_correction_cap=0.5)

@@ -32,12 +32,12 @@ def test_grpo_steps_on_smollm2(smollm2_home, tmp_path):
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
     assert all(0 < r["completionLength"] <= 16 and r["datums"] > 0 for r in rows)
-    assert abs(rows[0]["klSampleTrain"]) < 1e-2  # sampler and trainer agree on the same weights
+    assert abs(rows[0]["klSampleTrain"]) < 2e-2  # sampler and trainer agree on the same weights
     engine = json.loads((tmp_path / "run" / "engine.json").read_text())
     from strop.engine.precision import cpu_has_bf16
-    # auto: bf16 training where the CPU has bf16 units, float32 sampling on a CPU (strop.engine.precision)
-    assert engine["trainerDtype"] == ("bfloat16" if cpu_has_bf16() else "float32")
-    assert engine["samplerDtype"] == "float32"
+    # auto: bf16 training and rollouts where the CPU has bf16 units, corrected by tis (strop.engine.precision)
+    assert engine["trainerDtype"] == engine["samplerDtype"] == ("bfloat16" if cpu_has_bf16() else "float32")
+    assert engine["rolloutCorrection"] == ("tis" if cpu_has_bf16() else "off")
 
     # the tuned adapter is a PEFT adapter on the real model, and strop samples from it
     import strop

@@ -20,9 +20,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from strop.choices import DTYPE_CHOICES
 from strop.cluster.settings import RaySettings
 from strop.engine.engine_choice import check_sampler
-from strop.engine.precision import check_dtype, engine_facts, gpus_value_problem, run_device
+from strop.engine.precision import (SAMPLE_AS_TRAINER, check_dtype, engine_facts, gpus_value_problem,
+                                    run_device)
 from strop.engine.resources import plan_grpo_memory
 from strop.engine.vllm_find import require_vllm  # noqa: F401  (the loop checks the sampler through the client)
 from strop.errors import StropError
@@ -186,6 +188,12 @@ class TrainingClient:
         path = str(self.trainer.save_weights(self._path(name, "weights"))) if name else None
         return SamplingClient(self.backend, self.base_model, adapter=self.trainer.adapter_weights(), model_path=path)
 
+    def evaluation_sampling_client(self) -> SamplingClient:
+        """A sampling client on the current weights that samples as evaluations do (a strop extension): float32 on
+        a CPU under auto, even where this client's own samplers draw a run's rollouts in bf16 (strop.engine.
+        precision.sampler_dtype_for). A run's evaluations during training score through it."""
+        return SamplingClient(self.backend.for_evaluations(), self.base_model, adapter=self.trainer.adapter_weights())
+
     def get_tokenizer(self):
         return self.backend.tokenizer(self.base_model)
 
@@ -225,8 +233,8 @@ class ServiceClient:
                  ray: dict | None = None, device: str | None = None, gpus: int | None = None, **tinker_options):
         """`dtype`: what training and sampling compute in: "auto" (training in bfloat16 where the hardware has
         bf16 units, float32 elsewhere; sampling in float32 on a CPU: strop.engine.precision), "float32" or
-        "bfloat16" (both); `sampler_dtype` overrides it for the sampler alone. LoRA weights, logprobs and losses
-        are float32 either way. `sampler`: which engine samples, "auto" (strop.engine.engine_choice), "strop" or
+        "bfloat16" (both); `sampler_dtype` overrides it for the sampler alone ("trainer": what the trainer computes
+        in, as a GRPO run samples its own rollouts). LoRA weights, logprobs and losses are float32 either way. `sampler`: which engine samples, "auto" (strop.engine.engine_choice), "strop" or
         "vllm" (`pip install -e ".[vllm]"`); `sampler_options` go to that engine (vLLM: sync="merged"|"lora").
         `ray`: {"address": "auto" | "HOST:PORT", "samplers": N} samples on N replicas on that Ray cluster
         (strop.cluster; `pip install -e ".[ray]"`), training staying in this process; None: STROP_RAY_ADDRESS
@@ -245,8 +253,9 @@ class ServiceClient:
             raise StropError(f"unknown backend {backend!r}; strop has the 'local' backend")
         check_dtype(dtype)
         check_sampler(sampler)
-        if sampler_dtype is not None:
-            check_dtype(sampler_dtype, what="sampler_dtype")
+        if sampler_dtype is not None and sampler_dtype not in (*DTYPE_CHOICES, SAMPLE_AS_TRAINER):
+            raise StropError(f"sampler_dtype must be one of {', '.join((*DTYPE_CHOICES, SAMPLE_AS_TRAINER))}, got "
+                             f"{str(sampler_dtype)[:40]!r}")
         if problem := gpus_value_problem(gpus):  # on Ray too, where the count is the cluster's
             raise StropError(f"gpus {problem}")
         on_ray = ray is not None or RaySettings.from_environment() is not None

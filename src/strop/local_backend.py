@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from strop.cluster.settings import RaySettings
 from strop.engine.engine_choice import make_engine, resolve_sampler
-from strop.engine.precision import resolve_dtype, sampler_dtype_for, torch_dtype, train_device
+from strop.engine.precision import SAMPLE_AS_TRAINER, resolve_dtype, sampler_dtype_for, torch_dtype, train_device
 from strop.engine.resources import GIB, vllm_kv_budget, vllm_share_bytes
 from strop.errors import StropError
 from strop.models import load_tokenizer, resolve_model
@@ -75,14 +75,19 @@ class LocalBackend:
                  device: str | None = None, gpus: int | None = None):
         self.device = train_device(device)  # where the trainers compute: a CUDA GPU when torch sees one
         self.dtype = resolve_dtype(dtype, self.device)  # what they compute in, named once for the whole process
-        self.sampler_dtype = torch_dtype(sampler_dtype or sampler_dtype_for(dtype, self.device))
+        # "trainer": a run's own rollouts, sampled in what its trainer computes in
+        rollouts = sampler_dtype == SAMPLE_AS_TRAINER
+        self.sampler_dtype = torch_dtype(sampler_dtype_for(dtype, self.device, rollouts=True) if rollouts
+                                         else sampler_dtype or sampler_dtype_for(dtype, self.device))
         self.sampler = resolve_sampler(sampler)  # which engine samples: "strop" or "vllm"
         self.sampler_options = dict(sampler_options or {})
         # on Ray, each replica decides `auto` (sampler and dtype) for the hardware it runs on
-        self._choices = {"sampler": sampler or "auto", "dtype": sampler_dtype or dtype, "trainer_dtype": dtype}
+        self._choices = {"sampler": sampler or "auto", "dtype": dtype if rollouts else sampler_dtype or dtype,
+                         "rollouts": rollouts, "trainer_dtype": dtype}
         self.ray = RaySettings.from_spec(ray) if ray is not None else RaySettings.from_environment()
         self.gpus = gpus  # the run's execution.gpus: on Ray, 0 keeps the trainers and samplers off the GPUs
         self._trainers: list = []  # trainers on the Ray cluster, stopped with the backend
+        self._evaluations: LocalBackend | None = None  # where a run's evaluations sample (for_evaluations)
         self.max_batch = max_batch
         self._queues: dict[str, _SampleQueue] = {}
         self._bases: dict[tuple[str, torch.dtype], SharedBase] = {}
@@ -114,8 +119,8 @@ class LocalBackend:
         if queue is None and self.ray is not None:
             from strop.cluster.samplers import RaySamplerEngine  # lazy: Ray is an extra
             engine = RaySamplerEngine(base_model, path, settings=self.ray, sampler=self._choices["sampler"],
-                                      dtype=self._choices["dtype"], max_batch=self.max_batch,
-                                      options=self.sampler_options,
+                                      dtype=self._choices["dtype"], rollouts=self._choices["rollouts"],
+                                      max_batch=self.max_batch, options=self.sampler_options,
                                       reserved_gpus=sum(t.gpus for t in self._trainers), run_gpus=self.gpus)
             queue = self._queues[path] = _SampleQueue(engine)
         if queue is None:
@@ -179,9 +184,24 @@ class LocalBackend:
         return LoraTrainer(self.model_dir(base_model), compute_dtype=compute,
                            shared_base=self.shared_base(base_model, compute), **options)
 
+    def for_evaluations(self) -> LocalBackend:
+        """The backend an evaluation of this backend's weights samples on: this one, unless it samples a run's
+        rollouts in another dtype than evaluations do (bf16 rollouts, float32 evaluations on a CPU under auto);
+        then another, made once, whose sampler loads the base model in the evaluations' dtype."""
+        wanted = torch_dtype(sampler_dtype_for(self._choices["trainer_dtype"], self.device))
+        if wanted == self.sampler_dtype:
+            return self
+        if self._evaluations is None:
+            self._evaluations = LocalBackend(dtype=self._choices["trainer_dtype"], max_batch=self.max_batch,
+                                             sampler=self._choices["sampler"], sampler_options=self.sampler_options,
+                                             device=self.device, gpus=self.gpus)
+        return self._evaluations
+
     def close(self) -> None:
         """Stop the sampler engines (a vLLM engine's process) and trainers on Ray; clients made from this backend
         start them again."""
+        if self._evaluations is not None:
+            self._evaluations.close()
         for queue in self._queues.values():
             queue.engine.close()
         self._queues.clear()

@@ -31,7 +31,8 @@ RESTARTS = 3              # Ray restarts a dead replica this often; its share ru
 class SamplerReplica:
     """One engine in one Ray actor (made by `RaySamplerEngine`; the class is wrapped by ray.remote there)."""
 
-    def __init__(self, base_model: str, model_dir: str, sampler: str, dtype: str, max_batch: int, options: dict):
+    def __init__(self, base_model: str, model_dir: str, sampler: str, dtype: str, max_batch: int, options: dict,
+                 rollouts: bool = False):
         # lazy: the actor's process imports the engine, the driver need not
         from strop.engine.precision import sampler_dtype_for, torch_dtype, train_device
         from strop.engine.engine_choice import make_engine, resolve_sampler
@@ -42,7 +43,7 @@ class SamplerReplica:
         self.sampler = resolve_sampler(sampler)
         device = train_device()  # the GPU Ray gave this actor, where it has one
         self.engine = make_engine(self.sampler, path, tokenizer=load_tokenizer(path),
-                                  dtype=torch_dtype(sampler_dtype_for(dtype, device)), max_batch=max_batch,
+                                  dtype=torch_dtype(sampler_dtype_for(dtype, device, rollouts)), max_batch=max_batch,
                                   device=device, **(options if self.sampler == "vllm" else {}))
         self.key = None
 
@@ -98,7 +99,7 @@ class RaySamplerEngine:
 
     def __init__(self, base_model: str, model_dir: str | Path, *, settings: RaySettings, sampler: str = "auto",
                  dtype: str = "auto", max_batch: int = 64, options: dict | None = None, reserved_gpus: int = 0,
-                 run_gpus: int | None = None):
+                 run_gpus: int | None = None, rollouts: bool = False):
         self.ray = connect(settings.address)
         # a GPU each where the cluster has one for every replica beside those the trainers took; none where the
         # run's execution.gpus (`run_gpus`) is 0
@@ -112,7 +113,8 @@ class RaySamplerEngine:
             "num_cpus": cpus, "num_gpus": gpus, "max_restarts": RESTARTS, "max_task_retries": 0,
             "runtime_env": {"env_vars": actor_env(run_gpus)}}
         self.replicas = [actor.options(**common, **in_group(self.group, i)).remote(base_model, str(model_dir), sampler,
-                                                                                  dtype, max_batch, options)
+                                                                                  dtype, max_batch, options,
+                                                                                  rollouts)
                          for i in range(settings.samplers)]
         self._adapter, self._box, self._key = None, [None], 0
         self.retries = 0

@@ -286,7 +286,8 @@ class EnvironmentSpec(_Strict):
 
 
 class RolloutCorrectionSpec(_Strict):
-    mode: Literal[ROLLOUT_CORRECTIONS] = _field(_default("rollout_correction"), accepts='"off", or "tis" (truncated importance sampling)')
+    mode: Literal[ROLLOUT_CORRECTIONS] = _field(_default("rollout_correction"), accepts='"auto" (tis where the rollouts are sampled in bf16), "off", or '
+                                                                   '"tis" (truncated importance sampling)')
     cap: float = _setting("rollout_correction_cap")
 
 
@@ -306,7 +307,7 @@ class RunConfig(_Strict):
     eval_every: int | None = _setting("eval_every")  # null: no evaluation during training
     rollout_correction: RolloutCorrectionSpec = _field(
         default_factory=RolloutCorrectionSpec,
-        accepts='{"mode": "off" | "tis", "cap": 2.0}: weigh each token by min(p_train / p_sampler, cap)')
+        accepts='{"mode": "auto" | "off" | "tis", "cap": 2.0}: weigh each token by min(p_train / p_sampler, cap)')
 
 
 class RaySpec(_Strict):

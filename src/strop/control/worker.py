@@ -106,7 +106,8 @@ def evaluate_during(run: Run, folder: Path, max_tokens: int):
 
     def on_eval(step, training, renderer):
         started = utcnow()
-        result = evaluate_sampler(training.save_weights_and_get_sampling_client(), renderer, rows, grader,
+        # sampled as every evaluation is (float32 on a CPU), though the run's rollouts may be bf16
+        result = evaluate_sampler(training.evaluation_sampling_client(), renderer, rows, grader,
                                   max_tokens=max_tokens)
         with session_scope(open_store()) as s:
             version_id = s.scalar(sql_select(DatasetVersion.id).join(Dataset).where(

@@ -25,7 +25,7 @@ from strop.rl import task_pool
 from strop.rl.settings import TrainingSettings, setting
 
 KL_REFERENCES = ("start", "base")
-ROLLOUT_CORRECTIONS = ("off", "tis")
+ROLLOUT_CORRECTIONS = ("auto", "off", "tis")
 
 LOSS_FNS = POLICY_LOSSES  # the policy-gradient losses (strop.choices; the engine implements them)
 
@@ -140,9 +140,11 @@ class GRPOConfig(TrainingSettings):
                                flag="--minibatches", descriptor=_HP + "minibatches", metavar="N")
     loss_fn_config: dict = setting(help="loss options, e.g. {'clip_low_threshold': 0.8, 'clip_high_threshold': 1.2}",
                                    factory=dict)
-    rollout_correction: str = setting("off", "off, or tis: truncated importance sampling, each token's advantage "
-                                      "times min(p_train / p_sampler, rollout_correction_cap), for the mismatch "
-                                      "between the sampler's and the trainer's numbers (bf16, another engine)",
+    rollout_correction: str = setting("auto", "tis: truncated importance sampling, each token's advantage times "
+                                      "min(p_train / p_sampler, rollout_correction_cap), for the mismatch between "
+                                      "the sampler's and the trainer's numbers (bf16, another engine); off; or "
+                                      "auto: tis where the run samples its rollouts in bf16 (auto's dtype on "
+                                      "hardware with bf16 units), off elsewhere",
                                       flag="--rollout-correction", descriptor="config.rolloutCorrection.mode",
                                       choices=ROLLOUT_CORRECTIONS)
     rollout_correction_cap: float = setting(2.0, "the largest importance weight tis gives a token",
