@@ -88,11 +88,14 @@ class ScriptedJudge:
     """An OpenAI-compatible judge on loopback (a real HTTP server, read by the real openai client) whose verdict
     follows a rule known in advance: a response containing "= 7" scores 9, any other 2. It keeps each request."""
 
-    def __init__(self, reply=None):
+    def __init__(self, reply=None, delay: float = 0.0):
         import json
+        import time
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         from loopback import chat_completion, send_json
         self.requests = []
+        self.in_flight = self.most_in_flight = 0
+        lock = threading.Lock()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -102,6 +105,12 @@ class ScriptedJudge:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append(body)
+                with lock:
+                    outer.in_flight += 1
+                    outer.most_in_flight = max(outer.most_in_flight, outer.in_flight)
+                time.sleep(delay)  # a judge that takes its time: calls that overlap show here
+                with lock:
+                    outer.in_flight -= 1
                 text = body["messages"][0]["content"]
                 parts = text.split("### Response ")[1:]
                 verdict = {f"response_{k}": 9 if "= 7" in part else 2 for k, part in enumerate(parts, 1)}
@@ -186,6 +195,25 @@ def test_group_terms_are_scored_once_the_group_is_complete(scripted_judge):
     assert (again["judgeCalls"], again["judgeCacheHits"]) == (0, 1)
 
 
+def test_a_steps_groups_are_judged_side_by_side_and_kept_in_order():
+    from strop.rl.episodes import ProblemSource
+    from strop.rl.types import Rollout, Turn
+    from strop import types
+    judge = ScriptedJudge(delay=0.3)
+    try:
+        source = ProblemSource([group_term(judge.url)])
+        turn = lambda text: Turn(prompt=types.ModelInput.from_ints([1]), tokens=(2,), logprobs=(0.0,), text=text)  # noqa: E731
+        groups = [tuple(Rollout(turns=(turn(text),), reward=0.0, scores={}, question=f"q{g}", gold="7", checks=1)
+                        for text in (["= 7", "8"] if g % 2 else ["8", "= 7"])) for g in range(4)]
+        scored = source.score_groups(groups)
+        # each group its own verdict, in the groups' order, though the 4 calls overlapped
+        assert [[r.scores["rank"] for r in group] for group in scored] == [[0.2, 0.9], [0.9, 0.2]] * 2
+        assert [g[0].question for g in scored] == ["q0", "q1", "q2", "q3"] and len(judge.requests) == 4
+        assert judge.most_in_flight > 1
+    finally:
+        judge.close()
+
+
 def test_a_group_judge_that_fails_scores_the_group_0_and_is_counted():
     from loopback import closed_port
     from strop.rl.episodes import ProblemSource
@@ -210,6 +238,16 @@ def test_a_local_group_judge_holds_to_the_grammar(tiny_model_dir):
     scores = term.fn.score_group("What is 3 + 4?", "7", ["7", "8", "3 + 4 = 7"])
     # a random model, held to the schema: three tenths of integers 0..10
     assert len(scores) == 3 and all(0.0 <= s <= 1.0 and round(s * 10, 9) == int(round(s * 10)) for s in scores)
+    # a step's groups, judged side by side by the one local sampler: each held to the grammar too
+    from strop.rl.episodes import ProblemSource
+    from strop.rl.types import Rollout, Turn
+    from strop import types
+    turn = lambda text: Turn(prompt=types.ModelInput.from_ints([1]), tokens=(2,), logprobs=(0.0,), text=text)  # noqa: E731
+    groups = [tuple(Rollout(turns=(turn(f"{g} + {k}"),), question=f"What is {g} + 1?", gold=str(g + 1), checks=1)
+                    for k in range(2)) for g in range(3)]
+    scored = ProblemSource([term]).score_groups(groups)
+    assert all(r.failed == 0 and 0.0 <= r.scores[term.name] <= 1.0 for group in scored for r in group)
+    assert [g[0].question for g in scored] == ["What is 0 + 1?", "What is 1 + 1?", "What is 2 + 1?"]
     with pytest.raises(StropError, match="scores a group's completions together"):
         term.fn(solution_str="7", ground_truth="7", extra_info={})
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -213,6 +214,7 @@ class Judge:
         self._adapter = adapter
         self._service = service  # a local judge samples through it when given (a ServiceClient shared with generation)
         self._prompt = prompt or judge_prompt  # (metrics, item) -> the judge's message; a group judge words its own
+        self._local_lock = threading.Lock()
 
     @property
     def ranges(self) -> dict[str, list[int]]:
@@ -307,11 +309,14 @@ class Judge:
         return replies
 
     def _local_sampler(self):
-        if not hasattr(self, "_sampler"):
-            service = self._service or strop.ServiceClient()
-            self._sampler = service.create_sampling_client(base_model=self._local, model_path=self._adapter)
-            self._engine = service.backend.sampler_facts().get("sampler")  # "strop" or "vllm"
-            self._renderer = get_renderer(model_info.get_recommended_renderer_name(self._local), get_tokenizer(self._local))
+        with self._local_lock:  # a step's groups are judged from several threads: the model is loaded once
+            if not hasattr(self, "_sampler"):
+                service = self._service or strop.ServiceClient()
+                sampler = service.create_sampling_client(base_model=self._local, model_path=self._adapter)
+                self._engine = service.backend.sampler_facts().get("sampler")  # "strop" or "vllm"
+                self._renderer = get_renderer(model_info.get_recommended_renderer_name(self._local),
+                                              get_tokenizer(self._local))
+                self._sampler = sampler
         return self._sampler, self._renderer
 
 

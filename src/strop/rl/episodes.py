@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from strop import types
@@ -33,6 +34,7 @@ from strop.scoring import score_terms
 from strop.scoring.terms import is_group_term, score_group_terms
 from strop.scoring.score_range import SCORE_RANGE, score_problem
 
+JUDGE_GROUPS_AT_ONCE = 8  # a step's groups judged side by side (group terms: one judge call a group)
 OBSERVATION_CHARS = 16_000  # ~4,000 tokens: a page of rows; one 37 MB observation would have gone in whole
 NO_CALL = ("No tool call found. Call a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; "
            "give your final answer with the submit_answer tool.")
@@ -250,14 +252,17 @@ class ProblemSource:
         if not any(is_group_term(t) for t in self.terms):
             return groups
         weights = {t.name: t.weight for t in self.terms}
-        scored = []
-        for group in groups:
-            first = group[0]
-            scores, errors = score_group_terms(self.terms, first.question, first.gold, [r.text for r in group])
-            scored.append(tuple(dataclasses.replace(
-                r, scores={**r.scores, **s}, reward=r.reward + sum(weights[k] * v for k, v in s.items()),
-                failed=r.failed + len(errors), errors=r.errors + tuple(errors)) for r, s in zip(group, scores)))
-        return scored
+
+        def judged(group) -> tuple[list[dict], list[str]]:
+            return score_group_terms(self.terms, group[0].question, group[0].gold, [r.text for r in group])
+        # the step's groups are judged at once: an endpoint serves the calls side by side, and a local judge's
+        # sampler batches them, where one after another a step of 8 groups waited for 8 calls in turn
+        with ThreadPoolExecutor(max_workers=max(1, min(JUDGE_GROUPS_AT_ONCE, len(groups)))) as pool:
+            verdicts = list(pool.map(judged, groups))
+        return [tuple(dataclasses.replace(
+            r, scores={**r.scores, **s}, reward=r.reward + sum(weights[k] * v for k, v in s.items()),
+            failed=r.failed + len(errors), errors=r.errors + tuple(errors)) for r, s in zip(group, scores))
+            for group, (scores, errors) in zip(groups, verdicts)]
 
     def metrics(self, rollouts: list[Rollout]) -> dict:
         row = {"terms": {t.name: t.weight * statistics.fmean(r.scores.get(t.name, 0.0) for r in rollouts)
