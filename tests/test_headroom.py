@@ -37,6 +37,9 @@ def test_figures_worked_by_hand():
                        "kind": "a", "successes": 1, "samples": 4}
     with pytest.raises(ValueError, match="successes must be between 0 and samples=4"):
         _o("e", 0, "a", False, 5)
+    # solved and missed at least twice each: of 0, 1, 3, 4 and 2 successes of 4, only the 2
+    assert [r["index"] for r in pool_rows(outcomes + [_o("e", 4, "a", False, 2)], "toy", {}, least=2)] == [4]
+    assert in_pool(2, 16, 2) and in_pool(14, 16, 2) and not in_pool(1, 16, 2) and not in_pool(15, 16, 2)
 
 
 @pytest.mark.parametrize("samples, temperature, message", [(1, 1.0, "--samples must be an integer from 2"),
@@ -94,6 +97,12 @@ def test_envs_eval_samples_on_finance_sql_writes_the_table_json_and_pool(tiny_mo
     assert "SAMPLED PASS@1" in out and "PASS@2" in out and "RL POOL (1..1 OF 2)" in out
     assert main(["envs", "eval", "finance-sql", "--model", str(tiny_model_dir), "--pool-out", str(tmp_path / "x")]) == 1
     assert "--pool-out needs --samples" in capsys.readouterr().err
+    # --pool-min: at most half of K, and only with a pool to write; refused before anything is played
+    assert main([*argv[:-2], "--pool-out", str(tmp_path / "y"), "--pool-min", "2"]) == 1
+    assert "--pool-min must be from 1 to half of --samples (1)" in capsys.readouterr().err
+    assert main([*argv[:-2], "--pool-min", "2"]) == 1
+    assert "--pool-min applies to --pool-out" in capsys.readouterr().err
+    assert not (tmp_path / "y").exists()
 
 
 # -- training on the pool ---------------------------------------------------------------------------------------

@@ -78,6 +78,10 @@ def _register_eval(verbs) -> None:
     ev.add_argument("--pool-out", type=Path, metavar="FILE",
                     help="with --samples: write the RL-pool tasks to FILE as JSON lines (environment, options, "
                          "split, index, task id, kind, successes of K); FILE must not exist")
+    ev.add_argument("--pool-min", type=int, default=1, metavar="M",
+                    help="with --pool-out: keep the tasks solved at least M times and missed at least M times of K "
+                         "(default: %(default)s, every task solved 1 to K-1 times). 2 of 16 keeps tasks a group "
+                         "will likely have both outcomes on: one success in a few samples is mostly luck")
     add_output_flags(ev)
     add_sampler_flag(ev)
     add_ray_flags(ev, env_workers=True)
@@ -237,10 +241,15 @@ def _eval(args) -> int:
             raise StropError("--pool-out needs --samples K: the RL pool is the tasks solved 1 to K-1 times of K")
         if args.pool_out.exists():
             raise StropError(f"--pool-out {args.pool_out} exists; choose another file (it is never written over)")
+        if not isinstance(args.pool_min, int) or not 1 <= args.pool_min <= args.samples // 2:
+            raise StropError(f"--pool-min must be from 1 to half of --samples ({args.samples // 2}): a task must "
+                             f"be solvable and missable that many times of {args.samples}; got {args.pool_min}")
+    elif args.pool_min != 1:
+        raise StropError("--pool-min applies to --pool-out (the RL pool written); add --samples K --pool-out FILE")
     report = _evaluate(args, args.model)
     if args.pool_out is not None:
-        report["poolOut"] = {"path": str(args.pool_out), "tasks": _write_pool(args.pool_out, report,
-                                                                             {"seed": args.seed})}
+        report["poolOut"] = {"path": str(args.pool_out), "least": args.pool_min,
+                             "tasks": _write_pool(args.pool_out, report, {"seed": args.seed}, args.pool_min)}
     if args.baseline:
         base = _evaluate(args, args.baseline)
         report["baseline"] = base
@@ -272,7 +281,9 @@ def _eval(args) -> int:
             lines.append(f"{split}: {c['model']:.1%} vs baseline {c['baseline']:.1%} ({c['delta']:+.1%}), exact McNemar "
                          f"p = {c['mcnemarP']:.3g} ({c['baselineOnly']} only baseline, {c['modelOnly']} only model)")
         if "poolOut" in r:
-            lines.append(f"wrote {r['poolOut']['tasks']} RL-pool tasks to {r['poolOut']['path']}")
+            least, k = r["poolOut"]["least"], r["headroom"]["samples"]
+            lines.append(f"wrote {r['poolOut']['tasks']} RL-pool tasks (solved {least}..{k - least} times of {k}) "
+                         f"to {r['poolOut']['path']}")
         return "\n".join(lines)
     emit(args, report, show)
     return 0
@@ -296,10 +307,10 @@ def headroom_table(h: dict) -> str:
     return title + "\n" + "\n".join("    " + line for line in format_table(rows, columns).splitlines())
 
 
-def _write_pool(path: Path, report: dict, options: dict) -> int:
+def _write_pool(path: Path, report: dict, options: dict, least: int = 1) -> int:
     # lazy: the statistics module loads only for this command
     from strop.evals.headroom import TaskOutcome, pool_rows
-    rows = pool_rows([TaskOutcome(**t) for t in report["headroom"]["tasks"]], report["environment"], options)
+    rows = pool_rows([TaskOutcome(**t) for t in report["headroom"]["tasks"]], report["environment"], options, least)
     partial = path.with_name(f".{path.name}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
