@@ -30,10 +30,9 @@ from tqdm import tqdm
 
 from strop import model_info, types
 from strop.choices import POLICY_LOSSES
-from strop.client import ServiceClient, require_vllm
+from strop.client import SAMPLE_AS_TRAINER, ServiceClient, require_vllm
 from strop.cluster.settings import RaySettings
 from strop.data import Row, load_rows
-from strop.engine.precision import SAMPLE_AS_TRAINER
 from strop.errors import StropError
 from strop.renderers import get_renderer
 from strop.rl import checkpoints
@@ -163,6 +162,7 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
             source = ProblemSource(terms_from_spec(config.reward_terms, sandbox=sandbox),
                                    system_prompt=config.system_prompt, question_suffix=config.question_suffix)
         training = training_client(service, config)
+        declared = config  # config.json keeps "auto" (a resume or a rerun compares against it); the run uses its choice
         config = replace(config, rollout_correction=rollout_correction(config, service.backend.sampler_dtype))
         renderer = get_renderer(config.renderer or model_info.get_recommended_renderer_name(config.base_model),
                                 training.get_tokenizer())
@@ -173,7 +173,7 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
         base_sampler = reference_sampler(service, config)  # the KL reference, read before a resume loads a checkpoint
 
         start_step = checkpoints.resume(training, run_dir)
-        config.save(run_dir / "config.json")
+        declared.save(run_dir / "config.json")
         service.start_sampler(config.base_model)  # a vLLM, or a Ray cluster, that is missing fails the run here
         if pool is not None:
             pool.fill()  # environment workers too
