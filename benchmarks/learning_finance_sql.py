@@ -88,14 +88,16 @@ def main() -> int:
     grpo_settings = {"sft": sft, "pool": pool and pool["ids"], "steps": args.grpo_steps, "batch": args.grpo_batch, "group": args.grpo_group,
                      "lr": args.grpo_lr, "kl": args.kl, "temperature": args.temperature,
                      "branchAtTurn": args.branch_at, "maxTasks": args.max_tasks, "maxTokens": args.max_tokens,
-                     **({} if args.scout_temperature is None else {"scoutTemperature": args.scout_temperature})}
+                     **({} if args.scout_temperature is None else {"scoutTemperature": args.scout_temperature}),
+                     **({"sftMix": args.sft_mix, "sftMixExamples": args.sft_mix_examples} if args.sft_mix else {})}
     evals = {"first-query": lambda adapter: _first_query(args, env_spec, adapter),
              "eval-single": lambda adapter: _episodes(args, env_spec, "eval-single", adapter, args.max_tokens),
              "eval-multi": lambda adapter: _episodes(args, env_spec, "eval-multi", adapter, args.multi_max_tokens)}
     # the cheap measures first and the warm start's once, so that a --stop-after budget keeps the comparisons that
     # matter most: each seed's first-query measure, then full episodes, then the generalisation split
     # a GRPO variant's runs are models of their own (grpo-s0-scout0), beside the default's in the same OUT
-    variant = "" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}"
+    variant = ("" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}") + \
+        (f"-mix{args.sft_mix:g}" if args.sft_mix else "")
     names = ["sft", *(f"grpo-s{seed}{variant}" for seed in seeds)]
     order = [("first-query", "sft")]
     for seed, name in zip(seeds, names[1:]):
@@ -113,7 +115,7 @@ def main() -> int:
                     continue  # the pool phase did not run yet
                 done = bench.phase(name, {**grpo_settings, "seed": seed},
                                    lambda seed=seed, name=name: _grpo(args, env_spec, sft["adapter"], seed,
-                                                                      pool and pool["ids"], name))
+                                                                      pool and pool["ids"], name, demos["file"]))
                 models[name] = done and done["adapter"]
             continue
         if name not in models or (name != "base" and models[name] is None):
@@ -157,6 +159,12 @@ def _cli() -> argparse.ArgumentParser:
     add("--scout-temperature", type=float, default=None, help="the temperature each group's scout plays the turns "
         "before the branch at (0: greedy, the discovery the model's own evaluation makes); its runs are the models "
         "grpo-sSEED-scoutT beside the default's (default: GRPO's temperature)")
+    add("--sft-mix", type=float, default=None, metavar="W", help="train every GRPO step on --sft-mix-examples of "
+        "the warm start's demonstrations too, their cross-entropy times W (the run's sft_mix: PPO-ptx), so the kinds "
+        "of question a step's few groups miss stay where SFT put them; its runs are the models grpo-sSEED-mixW "
+        "beside the default's (default: none)")
+    add("--sft-mix-examples", type=int, default=4, metavar="N", help="demonstrations an optimizer step adds with "
+        "--sft-mix (default: %(default)s)")
     add("--grpo-lr", type=float, default=5e-5)
     add("--kl", type=float, default=0.02, help="KL penalty to the warm start (default: %(default)s)")
     add("--temperature", type=float, default=0.7, help="GRPO sampling temperature (default: %(default)s)")
@@ -231,7 +239,7 @@ def _sft(args, demos_file: str) -> dict:
     return {"adapter": str(sft.final_adapter), "heldOutLoss": held_out}
 
 
-def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None, name: str) -> dict:
+def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None, name: str, demos: str) -> dict:
     environment = {"name": "finance-sql", "options": env_spec, "split": "train", **({"tasks": pool} if pool else {})}
     grpo = run_grpo(GRPOConfig(
         base_model=args.model, init_adapter=adapter, environment=environment,
@@ -239,10 +247,12 @@ def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None,
         max_completion_length=args.max_tokens, learning_rate=args.grpo_lr, lora_rank=args.rank,
         temperature=args.temperature, kl_beta=args.kl, kl_reference="start", variance_on="correctness",
         dynamic_sampling=True, max_tasks_per_step=args.max_tasks, branch_at_turn=args.branch_at,
-        scout_temperature=args.scout_temperature, save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype),
+        scout_temperature=args.scout_temperature, save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype,
+        **({"sft_mix": demos, "sft_mix_weight": args.sft_mix, "sft_mix_examples": args.sft_mix_examples}
+           if args.sft_mix else {})),
         args.out / name, progress=False)
     keys = ("reward", "zeroVarianceGroups", "tasksDrawn", "groupsKept", "datums", "trainedTokens", "klBase", "entropy",
-            "stepSeconds", "sampleSeconds", "trainSeconds")
+            "sftMixLoss", "stepSeconds", "sampleSeconds", "trainSeconds")
     steps = [{k: row.get(k) for k in ("step", *keys)} for row in grpo.metrics if row.get("step", -1) >= 0]
     for row in steps:
         print(f"{name} " + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"

@@ -124,6 +124,15 @@ def folder_sha256(root: Path) -> str:
     return hashing.hasher.hexdigest()
 
 
+def file_sha256(path: Path) -> str:
+    """The sha256 of a regular file's bytes (a FIFO or a device is refused by open_regular, not read forever)."""
+    hasher = hashlib.sha256()
+    with open_regular(path) as src:
+        while chunk := src.read(1 << 20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
 class _Hashing:
     """A write-only sink that keeps only the sha256 of what tarfile writes to it."""
 

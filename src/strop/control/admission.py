@@ -19,6 +19,7 @@ from strop.engine.resources import MemoryRefused
 from strop.engine.vllm_find import require_vllm
 from strop.envs import env_kind, find_env_module, get_env
 from strop.errors import StropError
+from strop.files import file_sha256
 from strop.rl.branching import skips_identical
 from strop.rl.config import plan_steps
 from strop.rl.loss_choices import pinned_settings
@@ -180,9 +181,18 @@ def rl_settings(descriptor: RunDescriptor, pinned: dict) -> dict:
             "dynamicSampling": {"enabled": sampling.enabled, "maxTasksPerStep": sampling.max_tasks_per_step
                                 or (4 * hp.batch_size if sampling.enabled else None)},
             "warmupSteps": hp.optimizer.warmup_steps, "branchAtTurn": hp.branch_at_turn, "scoutTemperature": hp.scout_temperature,
-            "identicalTurns": "skip" if skipped else "train",
+            "identicalTurns": "skip" if skipped else "train", "sftMix": _pinned_mix(hp.sft_mix),
             # how rewards become the update: estimator, aggregation, overlong handling, ratio, clip, passes
             **pinned_settings(SimpleNamespace(**hp.model_dump(), loss_fn_config={}))}
+
+
+def _pinned_mix(mix) -> dict | None:
+    """The SFT mix by its file's content (a file edited after the run started is then seen for what it is)."""
+    if mix.data is None:
+        return None
+    path = Path(mix.data)
+    return {"data": mix.data, "sha256": file_sha256(path) if path.is_file() else None, "weight": mix.weight,
+            "examplesPerStep": mix.examples_per_step}
 
 
 def _probe_environment(env, get_env) -> list[str]:

@@ -6,25 +6,24 @@ errors; `RunDescriptor.to_grpo_config` maps a checked descriptor onto the loop's
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from strop.cluster.settings import ADDRESS_HELP, address_ok
+from strop.control.descriptor_fields import (DescriptorError, Label, RegistryName, RegistryRef, Text, _checked, _default,
+                                             _field, _limited, _quoted, _setting, _Strict)
 from strop.errors import StropError
-from strop.names import label_problem, registry_name_problem, registry_ref_problem
+from strop.names import label_problem, registry_ref_problem
 from strop.control.descriptor_checks import cross_field_problems
 from strop.engine.losses import POLICY_LOSSES
 from strop.choices import DTYPE_CHOICES, SAMPLER_CHOICES
 from strop.rl.branching import IDENTICAL_TURNS
 from strop.rl.config import KL_REFERENCES, ROLLOUT_CORRECTIONS, GRPOConfig
 from strop.rl.loss_choices import ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG
-from strop.rl.limits import LIMITS
 from strop.scoring.bundles import BUILTINS
 from strop.scoring.judge_terms import JUDGE_FORMS, MODES as JUDGE_MODES, judge_form_problem
 from strop.sft.config import SFTConfig
@@ -33,71 +32,6 @@ from strop.trackers import CHOICES as TRACKER_CHOICES
 BUILTIN_PREFIX = "builtin:"
 _IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$"
-
-
-def _checked(check):
-    def validate(value: str) -> str:
-        problem = check(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-    return AfterValidator(validate)
-
-
-# A string with at least one non-space character: "" and "   " name nothing.
-Text = Annotated[str, StringConstraints(min_length=1, pattern=r"\S")]
-# A name that is stored and printed: at most 200 characters, no control or bidirectional characters.
-Label = Annotated[str, StringConstraints(min_length=1, pattern=r"\S"), _checked(label_problem)]
-# A registry name (projects) and a reference to a registered version (datasets): the registry's own rule.
-RegistryName = Annotated[str, _checked(registry_name_problem)]
-RegistryRef = Annotated[str, _checked(registry_ref_problem)]
-
-
-class DescriptorError(StropError):
-    """A run descriptor that cannot be used; `problems` holds one line per problem (path: what to fix)."""
-
-    def __init__(self, message: str, problems: list[str] | None = None):
-        super().__init__(message)
-        self.problems = problems or [message]
-
-
-def _field(default: Any = ..., *, accepts: str, item: str | None = None, why: str | None = None,
-           why_least: str | None = None, **constraints: Any) -> Any:
-    # `accepts` is what the error message says the field takes; `item` the same for one element of a list;
-    # `why` is said when a value is past the field's upper limit, `why_least` when it is below the lower one.
-    extra = {"accepts": accepts, **({"item": item} if item else {}), **({"why": why} if why else {}),
-             **({"why_least": why_least} if why_least else {})}
-    return Field(default, json_schema_extra=extra, **constraints)
-
-
-def _limited(name: str, default: Any = ..., *, unit: str = "", optional: bool = False) -> Any:
-    """A field whose range is LIMITS[name], the same one GRPOConfig and `strop train` check."""
-    limit = dataclasses.replace(LIMITS[name], optional=optional)
-    bounds = {"gt" if limit.least_open else "ge": limit.least, "lt" if limit.most_open else "le": limit.most}
-    if not limit.integer:
-        bounds["allow_inf_nan"] = False
-    return _field(default, accepts=limit.accepts(unit), why=limit.why, why_least=limit.why_least or None, **bounds)
-
-
-def _setting(name: str, *, required: bool = False, unit: str = "", config: type = GRPOConfig) -> Any:
-    """The descriptor field of a run setting: its range LIMITS[name], its default the config's (its one
-    declaration, strop.rl.settings); `required` where a descriptor must say it."""
-    default = ... if required else config.default_of(name)
-    return _limited(name, default, unit=unit, optional=not required and (default is None or LIMITS[name].optional))
-
-
-def _default(name: str, config: type = GRPOConfig) -> Any:
-    """A setting's default, from its one declaration (strop.rl.settings)."""
-    return config.default_of(name)
-
-
-def _quoted(names) -> str:
-    return ", ".join(f'"{n}"' for n in names)
-
-
-class _Strict(BaseModel):
-    # strict: no "8" -> 8 or true -> 1; forbid: a misspelt optional field must not be silently ignored.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, alias_generator=to_camel)
 
 
 class LoraSpec(_Strict):
@@ -121,6 +55,22 @@ class DynamicSamplingSpec(_Strict):
     max_tasks_per_step: int | None = _setting("max_tasks_per_step")
 
 
+class SFTMixSpec(_Strict):
+    # supervised transcripts whose cross-entropy joins each optimizer step (PPO-ptx; strop.rl.sft_mix)
+    data: Annotated[Text, _checked(lambda v: label_problem(v, max_chars=1000))] | None = _field(
+        None, accepts='a supervised .jsonl file of chat transcripts (strop sft\'s format, e.g. what `strop envs demos` '
+                      'writes), where the run runs, or null: no mix')
+    weight: float = _setting("sft_mix_weight")
+    examples_per_step: int = _setting("sft_mix_examples")
+
+    @model_validator(mode="after")
+    def _data_first(self) -> SFTMixSpec:
+        if self.data is None and (self.weight, self.examples_per_step) != (_default("sft_mix_weight"),
+                                                                            _default("sft_mix_examples")):
+            raise ValueError('weight and examplesPerStep weigh the transcripts in "data": give the file')
+        return self
+
+
 class RLHyperparams(_Strict):
     # maxSteps is the number of steps, the rows reshuffled each pass until it is reached (100 steps of
     # 8 prompts make four passes over 200 rows); without maxSteps, `epochs` passes are made
@@ -136,6 +86,8 @@ class RLHyperparams(_Strict):
     kl_reference: Literal[KL_REFERENCES] = _field(
         _default("kl_reference"), accepts='"start" (the model the run started from: a tuned baseModel\'s adapter, else the base '
                          'model) or "base" (the base model, adapter off)')
+    sft_mix: SFTMixSpec = _field(default_factory=SFTMixSpec, accepts='{"data": "demos.jsonl", "weight": 0.1, '
+                                 '"examplesPerStep": 4}: a supervised loss on these transcripts beside the policy\'s')
     variance_on: Label | None = _field(None, accepts="a reward term's name (an environment's: a term its episodes "
                                                      "report, e.g. \"correctness\"), or null for the total reward")
     dynamic_sampling: DynamicSamplingSpec = _field(

@@ -68,6 +68,18 @@ class GRPOConfig(TrainingSettings):
                                 "base, the base model with the adapter off (a run from a warm start then pays for "
                                 "keeping what the warm start learnt)", flag="--kl-reference",
                                 descriptor=_HP + "klReference", choices=KL_REFERENCES)
+    sft_mix: str | None = setting(None, "a supervised .jsonl file (strop sft's format: chat transcripts, an "
+                                  "assistant turn with \"weight\": 0 untrained) whose cross-entropy joins every "
+                                  "optimizer step, sft_mix_examples transcripts at a time, times sft_mix_weight "
+                                  "(InstructGPT's PPO-ptx): it holds what the warm start taught on the tasks a step's "
+                                  "groups do not cover, which a policy gradient from a few groups can drag along; "
+                                  "unset: none", flag="--sft-mix", descriptor=_HP + "sftMix.data", metavar="FILE")
+    sft_mix_weight: float = setting(0.1, "what sft_mix's cross-entropy is multiplied by before it joins the policy "
+                                    "loss (both are sums over tokens)", flag="--sft-mix-weight",
+                                    descriptor=_HP + "sftMix.weight")
+    sft_mix_examples: int = setting(4, "sft_mix transcripts each optimizer step trains on, drawn at random (seeded "
+                                    "by the run's seed and the step) from the file", flag="--sft-mix-examples",
+                                    descriptor=_HP + "sftMix.examplesPerStep", metavar="N")
     variance_on: str | None = setting(None, "the reward term whose spread within a group decides whether the group "
                                       "teaches anything (for an environment, a term its episodes report, e.g. "
                                       "finance-sql's correctness); unset: the total reward. A group whose episodes "
@@ -221,6 +233,9 @@ class GRPOConfig(TrainingSettings):
                 and self.max_seq_length <= self.max_completion_length:
             p.append(("max_seq_length", f"must exceed max_completion_length ({self.max_completion_length}) to "
                                         f"leave room for the prompt (got {self.max_seq_length})"))
+        if self.sft_mix is not None and not (isinstance(self.sft_mix, str) and Path(self.sft_mix).is_file()):
+            p.append(("sft_mix", f"{str(self.sft_mix)[:200]!r} is not a file; give a supervised .jsonl of chat "
+                                 "transcripts, such as `strop envs demos` writes"))
         if self.init_adapter is not None and not (isinstance(self.init_adapter, str)
                                                   and (Path(self.init_adapter) / "adapter_config.json").is_file()):
             p.append(("init_adapter", f"{str(self.init_adapter)[:200]!r} is not a LoRA adapter folder (no "

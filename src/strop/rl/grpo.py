@@ -44,6 +44,7 @@ from strop.rl.skipped import SkippedUpdates
 from strop.rl import task_pool
 from strop.rl.dynamic_sampling import TaskDraws
 from strop.rl.reference import reference_sampler
+from strop.rl.sft_mix import SFTMix
 from strop.rl.step import StepContext, adam_params, learn_step, train_step, training_client
 from strop.scoring import terms_from_spec
 from strop.scoring.sandbox import SandboxPool
@@ -146,6 +147,7 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
                                                             limit=config.dataset_limit, seed=config.seed)
         if not items:
             raise StropError(f"dataset {config.dataset!r} has no rows to train on")
+        SFTMix.check(config)
         if service is None:
             # the run's rollouts sample in what its trainer computes in (bf16 where the hardware has bf16 units,
             # corrected by tis: rollout_correction "auto"); its evaluations sample in float32 on a CPU
@@ -168,6 +170,7 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
                                 training.get_tokenizer())
         if pool is None and config.max_seq_length:
             check_prompt_lengths(renderer, items, config)
+        mix = SFTMix.load(config, renderer)  # a bad transcript file: refused before the run folder is written
         memory = plan(config, renderer, items, env=pool.first if pool is not None else None, service=service)
         training.set_micro_batch_tokens(memory["tokensPerMicroBatch"])
         base_sampler = reference_sampler(service, config)  # the KL reference, read before a resume loads a checkpoint
@@ -189,7 +192,7 @@ def run_grpo(config: GRPOConfig, run_dir: str | Path, *, service: ServiceClient 
                           adam=adam_params(config), base_sampler=base_sampler,
                           log=RunLog(run_dir, start_step=start_step, report_to=config.report_to,
                                      config=config.to_dict(), rollouts_every=config.report_rollouts_every),
-                          draw=TaskDraws(items, config.seed) if config.dynamic_sampling else None)
+                          draw=TaskDraws(items, config.seed) if config.dynamic_sampling else None, mix=mix)
         _steps(ctx, items, batches, start_step, run_dir, progress=progress, on_eval=on_eval)
         final = Path(training.save_weights(str(run_dir / "final")).result().path)
     return RunResult(run_dir=run_dir, steps=len(batches), final_adapter=final,

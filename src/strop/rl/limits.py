@@ -102,6 +102,10 @@ LIMITS: dict[str, Limit] = {
     "grad_clip_norm": Limit(0, 1_000_000, False, "a norm that large clips nothing; use 0 for no clipping"),
     "rollout_correction_cap": Limit(1, 100, False, "a weight past 100 lets one token the sampler thought unlikely "
                                                    "outweigh a hundred others: the variance tis is there to bound"),
+    "sft_mix_weight": Limit(0, 100, False, "past 100 the supervised loss drowns the reward, so the run is "
+                                           "supervised fine-tuning", least_open=True),
+    "sft_mix_examples": Limit(1, 256, True, "every transcript is a forward and backward pass each optimizer step, "
+                                            "held in memory with the step's rollouts"),
     "kl_beta": Limit(0, 100, False, "past 100 the KL penalty drowns the reward, so nothing is learned"),
     "temperature": Limit(0, 10, False, "past 10 sampling is close to uniform over the vocabulary: noise, not the "
                                        "policy", least_open=True),

@@ -10,7 +10,8 @@ group's mean (with branchAtTurn, the group's episodes share their first turns an
 rollouts all scored the same (on the total, or on the term `varianceOn` names) carry
 no signal and are skipped; with dynamic sampling, further tasks are drawn until `batch_size` groups do
 (`strop.rl.dynamic_sampling`). With klBeta > 0 each trained token's advantage pays beta x its KL to the
-reference model (`strop.rl.reference`: the model the run started from, or the base). A step whose checks mostly
+reference model (`strop.rl.reference`: the model the run started from, or the base); with sft_mix each optimizer
+step also trains on a few supervised transcripts (`strop.rl.sft_mix`). A step whose checks mostly
 failed stops the run before its update.
 """
 
@@ -39,6 +40,7 @@ from strop.rl.updates import UpdateResult, apply_updates
 
 if TYPE_CHECKING:
     from strop.client import SamplingClient, TrainingClient
+    from strop.rl.sft_mix import SFTMix
     from strop.renderers import Renderer
     from strop.rl.dynamic_sampling import TaskDraws
     from strop.rl.episodes import EpisodeSource
@@ -57,6 +59,7 @@ class StepContext:
     log: RunLog | None = None
     base_sampler: SamplingClient | None = None  # the KL reference (strop.rl.reference), when klBeta > 0
     draw: TaskDraws | None = None               # further tasks for dynamic sampling
+    mix: SFTMix | None = None                   # supervised transcripts beside the policy loss (sft_mix)
 
 
 def adam_params(config) -> types.AdamParams:
@@ -195,7 +198,8 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
     adam = ctx.adam
     if config.warmup_steps:
         adam = dataclasses.replace(adam, learning_rate=warmed_up_rate(adam.learning_rate, step, config.warmup_steps))
-    update = apply_updates(ctx.training, datums, config, adam, loss_config(config)) if datums else UpdateResult()
+    update = apply_updates(ctx.training, datums, config, adam, loss_config(config), mix=ctx.mix, step=step) \
+        if datums else UpdateResult()
     fb, optim = update.first_pass, update.optim
     train_seconds = time.perf_counter() - t1
     clipping = config.loss_fn in CLIPPED_LOSSES
@@ -221,6 +225,7 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
         updateSkipped=int(optim.get("skipped_nonfinite", 0)),
         ppoClippedFraction=fb["clipped:sum"] / trained if config.loss_fn == "ppo" and trained else None,
         klBase=statistics.fmean(kl_values) if kl_values else None,
+        sftMixLoss=update.mix_loss,
         offPolicySteps=step - sampled.policy_step if config.max_off_policy_steps else None,
         overlapSeconds=max(0.0, sample_seconds - waited) if config.max_off_policy_steps else None,
         tasksDrawn=len(groups) if config.dynamic_sampling else None,

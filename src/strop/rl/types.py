@@ -96,6 +96,7 @@ class StepMetrics:
     terms: dict = field(default_factory=dict)
     ppoClippedFraction: float | None = None
     klBase: float | None = None
+    sftMixLoss: float | None = None            # sft_mix: its transcripts' cross-entropy per trained token
     klSampleTrainMax: float | None = None      # the largest |log p_sampler - log p_train| of a trained token
     samplerRatioOutside: float | None = None   # share of trained tokens whose p_train / p_sampler is outside [0.5, 2]
     toolCallParseErrors: float | None = None   # environment episodes only

@@ -9,18 +9,23 @@ The first pass takes the ratio against the sampler's logprobs (with rollout corr
 when it is on), as a single update always did. With more passes the batch is reused, so the policy moves away
 from the one that sampled it and the clip starts to bind: every pass after the first takes the ratio against
 the trainer's own logprobs before the first update (one forward pass, no gradient), the old policy of PPO,
-and carries rollout correction's weights (trainer's / sampler's, capped) in the advantages.
+and carries rollout correction's weights (trainer's / sampler's, capped) in the advantages. With an SFT mix
+(strop.rl.sft_mix), each optimizer step adds its transcripts' cross-entropy to the policy loss's gradient.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from strop import types
 from strop.rl.advantages import aggregation_scales
 from strop.rl.loss_choices import loss_normalizer
+
+if TYPE_CHECKING:
+    from strop.rl.sft_mix import SFTMix
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class UpdateResult:
     optim: dict = field(default_factory=dict)        # the last optimizer step's metrics
     clipped_shares: list = field(default_factory=list)
     optimizer_steps: int = 0
+    mix_loss: float | None = None                    # the SFT mix's cross-entropy per trained token, over the steps
 
 
 def minibatch_indices(n: int, minibatches: int) -> list[list[int]]:
@@ -73,8 +79,9 @@ def with_inputs(datum: types.Datum, **tensors: torch.Tensor) -> types.Datum:
 
 
 def apply_updates(training, datums: list[types.Datum], config, adam: types.AdamParams,
-                  loss_fn_config: dict) -> UpdateResult:
-    """Train on `datums`: config.updates_per_batch passes of config.minibatches optimizer steps each."""
+                  loss_fn_config: dict, mix: SFTMix | None = None, step: int = 0) -> UpdateResult:
+    """Train on `datums`: config.updates_per_batch passes of config.minibatches optimizer steps each; with `mix`,
+    each optimizer step also trains on that step's share of the SFT mix (run step `step`)."""
     shares = minibatch_indices(len(datums), config.minibatches)
     old = None
     if config.updates_per_batch > 1:
@@ -82,6 +89,7 @@ def apply_updates(training, datums: list[types.Datum], config, adam: types.AdamP
         old = [o["logprobs"].to_torch() for o in out.loss_fn_outputs]
     later_config = {k: v for k, v in loss_fn_config.items() if k != "tis_cap"}
     first, optim, clipped = {}, {}, []
+    mix_loss = mix_tokens = 0.0
     for n in range(config.updates_per_batch):
         for share in shares:
             if n == 0:
@@ -91,6 +99,10 @@ def apply_updates(training, datums: list[types.Datum], config, adam: types.AdamP
                 cfg = later_config
             fb = training.forward_backward(aggregated(batch, config), loss_fn=config.loss_fn,
                                            loss_fn_config=cfg).result().metrics
+            if mix is not None:  # its gradient accumulates with the policy loss's until the optimizer steps
+                anchor = mix.batch(step, len(clipped))
+                mix_loss += training.forward_backward(anchor, loss_fn="cross_entropy").result().metrics["loss:sum"]
+                mix_tokens += mix.weighted_tokens(anchor)
             optim = training.optim_step(adam).result().metrics
             if n == 0:
                 for key, value in fb.items():
@@ -98,4 +110,5 @@ def apply_updates(training, datums: list[types.Datum], config, adam: types.AdamP
                         first.get(key, 0.0) + value
             tokens = fb.get("tokens:sum", 0.0)
             clipped.append(fb.get("clipped:sum", 0.0) / tokens if tokens else 0.0)
-    return UpdateResult(first_pass=first, optim=optim, clipped_shares=clipped, optimizer_steps=len(clipped))
+    return UpdateResult(first_pass=first, optim=optim, clipped_shares=clipped, optimizer_steps=len(clipped),
+                        mix_loss=mix_loss / mix_tokens if mix_tokens else None)

@@ -26,6 +26,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from strop import types
 from strop.errors import DatasetError
 from strop.files import open_regular
 from strop.renderers.base import reply_body
@@ -49,6 +52,16 @@ class Example:
     @property
     def trained(self) -> int:
         return int(sum(self.weights))
+
+
+def example_datum(example: Example, scale: float = 1.0) -> types.Datum:
+    """The datum of one example: input = tokens[:-1], targets = tokens[1:], each target weighted by its token
+    (times `scale`: a supervised loss mixed into another, strop.rl.sft_mix)."""
+    tokens = list(example.tokens)
+    weights = [w * scale for w in example.weights[1:]]
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
+        "target_tokens": types.TensorData.from_torch(torch.tensor(tokens[1:])),
+        "weights": types.TensorData.from_torch(torch.tensor(weights, dtype=torch.float32))})
 
 
 def render_conversation(renderer, messages: list[dict], tools: list[dict] | None = None) -> tuple[list[int], list[float]]:

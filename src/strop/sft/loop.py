@@ -22,10 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
-from strop import model_info, types
+from strop import model_info
 from strop.client import ServiceClient
 from strop.renderers import get_renderer
 from strop.rl import checkpoints
@@ -33,7 +32,7 @@ from strop.rl.metrics import RunLog, read_jsonl
 from strop.rl.skipped import SkippedUpdates
 from strop.rl.step import adam_params, training_client
 from strop.sft.config import SFTConfig
-from strop.sft.data import Example, check_file, load_examples
+from strop.sft.data import Example, check_file, example_datum, load_examples
 
 
 @dataclass(frozen=True)
@@ -42,14 +41,6 @@ class SFTResult:
     steps: int
     final_adapter: Path
     metrics: list[dict]
-
-
-def example_datum(example: Example) -> types.Datum:
-    """The datum of one example: input = tokens[:-1], targets = tokens[1:], each target weighted by its token."""
-    tokens = list(example.tokens)
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
-        "target_tokens": types.TensorData.from_torch(torch.tensor(tokens[1:])),
-        "weights": types.TensorData.from_torch(torch.tensor(list(example.weights[1:]), dtype=torch.float32))})
 
 
 def split_examples(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
