@@ -135,6 +135,9 @@ def test_the_setting_is_checked_and_reaches_the_config_from_every_front(tmp_path
     assert "sft_mix: " in message and "is not a file" in message
     assert "sft_mix_weight: must be a number greater than 0" in message
     assert "sft_mix_examples: must be an integer from 1 to 256" in message
+    for hostile in ("x" * 100_000, "a\x00b", "", "/dev/zero"):  # too long to look up, a NUL, nothing, a device
+        with pytest.raises(StropError, match="sft_mix: .* is not a file"):
+            GRPOConfig(sft_mix=hostile)
 
     data = seed()
     path = write(tmp_path / "mix.jsonl", [transcript(1)])

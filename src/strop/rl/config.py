@@ -233,7 +233,7 @@ class GRPOConfig(TrainingSettings):
                 and self.max_seq_length <= self.max_completion_length:
             p.append(("max_seq_length", f"must exceed max_completion_length ({self.max_completion_length}) to "
                                         f"leave room for the prompt (got {self.max_seq_length})"))
-        if self.sft_mix is not None and not (isinstance(self.sft_mix, str) and Path(self.sft_mix).is_file()):
+        if self.sft_mix is not None and not (isinstance(self.sft_mix, str) and _is_file(self.sft_mix)):
             p.append(("sft_mix", f"{str(self.sft_mix)[:200]!r} is not a file; give a supervised .jsonl of chat "
                                  "transcripts, such as `strop envs demos` writes"))
         if self.init_adapter is not None and not (isinstance(self.init_adapter, str)
@@ -290,3 +290,11 @@ def plan_steps(n_rows: int, batch_size: int, max_steps: int | None, epochs: int)
 def count_steps(n_rows: int, config: GRPOConfig) -> tuple[int, int]:
     """`plan_steps` for a config."""
     return plan_steps(n_rows, config.batch_size, config.max_steps, config.epochs)
+
+
+def _is_file(path: str) -> bool:
+    """Whether `path` is a regular file; a path the system cannot even look up (too long, a NUL) is not one."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
