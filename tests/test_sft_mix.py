@@ -2,6 +2,7 @@
 policy loss. Hand-worked first (the draw, the weights, the gradient the optimizer steps on), then the setting
 through GRPOConfig, the run descriptor and `strop train`, then a tiny run that learns its transcripts."""
 
+import hashlib
 import json
 
 import pytest
@@ -16,6 +17,7 @@ from strop.rl.sft_mix import SFTMix
 from strop.rl.updates import apply_updates
 from strop.rl.step import adam_params
 from strop.tokenizer_utils import get_tokenizer
+from test_control import descriptor, home, run, workspace  # noqa: F401 - the control-plane fixtures
 from test_descriptor import problems, seed
 
 MISTAKE = {"role": "assistant", "content": "SELECT revenues FROM income", "weight": 0}
@@ -195,3 +197,55 @@ def test_a_bad_mix_file_is_refused_before_the_run_folder_exists(tmp_path, tiny_m
     with pytest.raises(StropError, match="no transcript has a trained turn|every assistant turn"):
         run_grpo(GRPOConfig(**common, sft_mix=silent), tmp_path / "b", progress=False)
     assert not (tmp_path / "b").exists()
+
+
+def test_the_control_plane_pins_the_mix_by_content_from_a_registered_dataset_or_a_file(workspace, capsys):  # noqa: F811
+    from strop.files import file_sha256
+    demos = workspace / "demos.jsonl"
+    write(demos, [transcript(i, mistake=i == 0) for i in range(3)])
+    original = demos.read_bytes()
+    code, out, err = run(capsys, "registry", "datasets", "register", "arith/demos", "-f", demos, "-o", "json")
+    assert code == 0, err
+    mix = {"weight": 0.5, "examplesPerStep": 2}
+
+    def pinned_mix(data):
+        path = descriptor(workspace, **{"config.rlHyperparams.sftMix": {"data": data, **mix}})
+        code, out, err = run(capsys, "runs", "start", "-f", path, "--dry-run", "-o", "json")
+        return code, (json.loads(out)["pinned"]["rl"]["sftMix"] if code == 0 else err)
+
+    # a registered supervised dataset, by name: its latest version, by content
+    code, pinned = pinned_mix("arith/demos")
+    assert code == 0, pinned
+    assert pinned == {"data": "arith/demos", "dataset": "arith/demos@1", "sha256": file_sha256(demos), **mix}
+    # a question/answer dataset, a path that is neither, a file with a bad line: refused at admission, with the fix
+    code, err = pinned_mix("arith/train")
+    assert code == 1 and "sftMix.data: arith/train@1 is a question/answer dataset" in err
+    code, err = pinned_mix(str(workspace / "missing.jsonl"))
+    assert code == 1 and "is neither a registered dataset" in err and "strop registry datasets register" in err
+    broken = workspace / "broken.jsonl"
+    broken.write_text(json.dumps(transcript(1)) + "\n{not json\n")
+    code, err = pinned_mix(str(broken))
+    assert code == 1 and "sftMix.data:" in err and "line 2" in err
+
+    # a file: stored when the run is admitted, so the run trains on what was admitted however the file changes
+    path = descriptor(workspace, **{"config.rlHyperparams.sftMix": {"data": str(demos), **mix},
+                                    "config.rlHyperparams.maxSteps": 1})
+    code, out, err = run(capsys, "runs", "start", "-f", path, "-o", "json")
+    assert code == 0, err
+    started = json.loads(out)
+    demos.write_text(json.dumps(transcript(9)) + "\n")  # edited after admission
+    code, out, _ = run(capsys, "runs", "wait", started["runId"], "--exit-status", "--timeout", "300", "-o", "json")
+    assert code == 0, out
+    got = json.loads(run(capsys, "runs", "get", started["runId"], "-o", "json")[1])
+    assert got["pinned"]["rl"]["sftMix"]["sha256"] == hashlib.sha256(original).hexdigest()
+    config = json.loads(open(f"{got['runDir']}/config.json").read())
+    assert open(config["sft_mix"], "rb").read() == original
+    assert (config["sft_mix_weight"], config["sft_mix_examples"]) == (0.5, 2)
+    # a run that trains on a registered dataset's transcripts keeps it from being deleted
+    path = descriptor(workspace, **{"config.rlHyperparams.sftMix": {"data": "arith/demos", **mix},
+                                    "config.rlHyperparams.maxSteps": 1})
+    code, out, err = run(capsys, "runs", "start", "-f", path, "-o", "json")
+    assert code == 0, err
+    code, _, err = run(capsys, "registry", "datasets", "delete", "arith/demos")
+    assert code == 1 and f"in use by run {json.loads(out)['runId']}" in err, err
+    run(capsys, "runs", "wait", json.loads(out)["runId"], "--timeout", "300")

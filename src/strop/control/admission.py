@@ -18,13 +18,14 @@ from strop.engine.precision import cuda_count, gpus_problem, run_device
 from strop.engine.resources import MemoryRefused
 from strop.engine.vllm_find import require_vllm
 from strop.envs import env_kind, find_env_module, get_env
-from strop.errors import StropError
+from strop.errors import DatasetError, StropError
 from strop.files import file_sha256
+from strop.names import shown
 from strop.rl.branching import skips_identical
 from strop.rl.config import plan_steps
 from strop.rl.loss_choices import pinned_settings
 from strop.scoring import confine
-from strop.store import open_store, session_scope
+from strop.store import artifacts, open_store, session_scope
 from strop.store.schema import Model
 from strop.tokenizer_utils import get_tokenizer
 from strop.trackers import missing_extras
@@ -46,6 +47,7 @@ def check(descriptor: RunDescriptor, *, dry_run: bool = False) -> tuple[list[str
     hp = descriptor.config.rl_hyperparams
     if descriptor.config.method == "grpo" and hp is not None:
         pinned["rl"] = rl_settings(descriptor, pinned)
+        problems += _mix_problems(descriptor, pinned, dry_run)
         names = descriptor.term_names()
         if hp.variance_on is not None and descriptor.config.environment is None and hp.variance_on not in names:
             problems.append(f"$.config.rlHyperparams.varianceOn: {hp.variance_on!r} is not one of the reward terms "
@@ -187,12 +189,47 @@ def rl_settings(descriptor: RunDescriptor, pinned: dict) -> dict:
 
 
 def _pinned_mix(mix) -> dict | None:
-    """The SFT mix by its file's content (a file edited after the run started is then seen for what it is)."""
+    """The SFT mix as the descriptor names it, with its weights; `_mix_problems` adds what it resolved to."""
     if mix.data is None:
         return None
-    path = Path(mix.data)
-    return {"data": mix.data, "sha256": file_sha256(path) if path.is_file() else None, "weight": mix.weight,
-            "examplesPerStep": mix.examples_per_step}
+    return {"data": mix.data, "sha256": None, "weight": mix.weight, "examplesPerStep": mix.examples_per_step}
+
+
+def _mix_problems(descriptor: RunDescriptor, pinned: dict, dry_run: bool) -> list[str]:
+    """The SFT mix's transcripts pinned by content: `sftMix.data` names a registered supervised dataset (NAME or
+    NAME@VERSION, looked up first) or a file on this machine, which is checked line by line and stored as an
+    artifact, so the run (and its resume) trains on what was admitted, however the file changes after."""
+    mix = (pinned.get("rl") or {}).get("sftMix")
+    if not mix:
+        return []
+    where, data = "$.config.rlHyperparams.sftMix.data", mix["data"]
+    # lazy: strop.sft.data pulls in torch (through the renderers)
+    from strop.sft.data import check_file
+    try:
+        version = registry.get_dataset(data)
+    except StropError:
+        version = None
+    if version is not None:
+        if registry.dataset_kind(version) != "supervised":
+            return [f"{where}: {version['ref']} is a question/answer dataset; the mix trains on transcripts "
+                    "(chat messages or prompt/completion pairs), e.g. what `strop envs demos` writes"]
+        mix.update(dataset=version["ref"], sha256=version["sha256"])
+        return []
+    path = Path(data).expanduser()
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a name too long to look up, a NUL
+        is_file = False
+    if not is_file:
+        return [f"{where}: {shown(data)} is neither a registered dataset (`strop registry datasets list`) nor a "
+                "file on this machine; register the transcripts (`strop registry datasets register NAME -f "
+                "demos.jsonl`) or give the file's path"]
+    try:
+        check_file(str(path))
+    except DatasetError as exc:
+        return [f"{where}: {exc}"]
+    mix["sha256"] = file_sha256(path) if dry_run else artifacts.put_file(path)
+    return []
 
 
 def _probe_environment(env, get_env) -> list[str]:
@@ -249,7 +286,7 @@ def memory_problems(descriptor: RunDescriptor, pinned: dict) -> list[str]:
     model_dir = pinned["baseModel"]["path"]
     renderer = get_renderer(model_info.get_recommended_renderer_name(pinned["baseModel"]["id"]), get_tokenizer(model_dir))
     config = descriptor.to_grpo_config(str(path), [{"name": "x", "weight": 1.0, "grader": "builtin:gsm8k"}],
-                                       base_model=model_dir)
+                                       base_model=model_dir, sft_mix=None)  # the mix's file: _mix_problems
     # planned as the run will be: its dtype, its sampler (vLLM's KV budget) and its device (a GPU's free memory)
     service = None if descriptor.execution.ray else ServiceClient(dtype=config.dtype, sampler=config.sampler,
                                                                   device=pinned.get("device"))

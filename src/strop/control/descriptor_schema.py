@@ -58,8 +58,8 @@ class DynamicSamplingSpec(_Strict):
 class SFTMixSpec(_Strict):
     # supervised transcripts whose cross-entropy joins each optimizer step (PPO-ptx; strop.rl.sft_mix)
     data: Annotated[Text, _checked(lambda v: label_problem(v, max_chars=1000))] | None = _field(
-        None, accepts='a supervised .jsonl file of chat transcripts (strop sft\'s format, e.g. what `strop envs demos` '
-                      'writes), where the run runs, or null: no mix')
+        None, accepts='a registered supervised dataset (NAME or NAME@VERSION) or a .jsonl file of chat transcripts '
+                      '(strop sft\'s format, e.g. what `strop envs demos` writes), or null: no mix')
     weight: float = _setting("sft_mix_weight")
     examples_per_step: int = _setting("sft_mix_examples")
 

@@ -194,8 +194,8 @@ def delete(kind: str, ref: str) -> dict:
         users = []
         for run in s.scalars(select(Run)):
             pinned = run.pinned or {}
-            used = {(pinned.get("dataset") or {}).get("ref")} if kind == "dataset" else \
-                {t.get("bundle") for t in pinned.get("terms") or []}
+            used = {(pinned.get("dataset") or {}).get("ref"), ((pinned.get("rl") or {}).get("sftMix") or {}).get(
+                "dataset")} if kind == "dataset" else {t.get("bundle") for t in pinned.get("terms") or []}
             if used & refs:
                 users.append(f"run {run.id}")
         if kind == "dataset":
