@@ -270,3 +270,25 @@ def test_an_oversized_line_is_refused_without_being_tokenized(tiny_model_dir, tm
     with pytest.raises(DatasetError, match="more than maxSeqLength 2,048 tokens can hold"):
         load_examples(path, renderer, max_seq_length=2048)
     assert time.monotonic() - started < 5    # tokenizing 8 MB would take far longer on this machine
+
+
+def test_a_line_past_the_limit_is_refused_without_being_held_in_memory(tmp_path):
+    import tracemalloc
+    from strop.sft.data import MAX_LINE_BYTES
+    path = tmp_path / "one-line.jsonl"
+    good = json.dumps({"prompt": "p", "completion": "c"}) + "\n"
+    with path.open("w") as f:  # a good line, then 6x the limit with no newline at all, as a hostile file has
+        f.write(good)
+        for _ in range(6 * MAX_LINE_BYTES // (1 << 20)):
+            f.write("x" * (1 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DatasetError, match=f"line 2: {6 * MAX_LINE_BYTES:,} bytes, over the {MAX_LINE_BYTES:,}"):
+            check_file(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_LINE_BYTES, peak  # the line is 6x the limit: it was never read whole
+    path.write_text("x" * (MAX_LINE_BYTES + 10) + "\n" + good)  # an over-long line with its end: the next is read
+    with pytest.raises(DatasetError, match="has 1 problem:\n  line 1: "):
+        check_file(path)

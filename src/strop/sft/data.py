@@ -185,17 +185,30 @@ def _lines(path: Path):
     if not path.exists():
         raise DatasetError(f"supervised dataset {path} does not exist: check the path")
     with open_regular(path, what="supervised dataset") as f:
-        for number, raw in enumerate(f, start=1):
+        for number, (raw, size) in enumerate(_bounded_lines(f, MAX_LINE_BYTES), start=1):
             if not raw.strip():
                 continue
-            if len(raw) > MAX_LINE_BYTES:
-                yield number, None, [f"line {number}: {len(raw):,} bytes, over the {MAX_LINE_BYTES:,} a transcript "
+            if size > MAX_LINE_BYTES:
+                yield number, None, [f"line {number}: {size:,} bytes, over the {MAX_LINE_BYTES:,} a transcript "
                                      "may take"]
                 continue
             try:
                 yield number, json.loads(raw), []
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
                 yield number, None, [f"line {number}: not valid JSON ({str(exc)[:80]})"]
+
+
+def _bounded_lines(f, limit: int):
+    """(the line, its length in bytes) of each line of binary file `f`, never more than `limit` + 1 bytes of one
+    in memory: a line longer than that is read on to its end and yielded cut, with its whole length."""
+    while raw := f.readline(limit + 1):
+        size = len(raw)
+        while size > limit and not raw.endswith(b"\n"):
+            piece = f.readline(1 << 20)
+            size += len(piece)
+            if not piece or piece.endswith(b"\n"):
+                break
+        yield raw, size
 
 
 def _refuse(path: Path, problems: list[str]) -> None:
