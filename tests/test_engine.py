@@ -334,3 +334,29 @@ def test_service_client_refuses_a_misspelt_option_by_name_and_takes_tinkers_own(
         strop.ServiceClient(frobnicate=1)
     # code written for tinker.ServiceClient runs unchanged
     strop.ServiceClient(api_key="tml-x", base_url="http://127.0.0.1:1", user_metadata={"who": "me"}, project_id="p")
+
+
+def test_scoring_projects_a_span_of_positions_at_a_time_with_the_whole_forwards_values(tiny_model_dir, monkeypatch):
+    """prompt_logprobs and prompt_topk never hold a batch's B x T x V logits: the hidden states are projected a
+    span at a time (LOGIT_SPAN_TOKENS rows x positions), and give what the whole forward pass's logits give."""
+    from strop.engine import sampler as sampler_module
+    from strop.engine.sampler import SamplerEngine
+    from strop.tokenizer_utils import get_tokenizer
+    engine = SamplerEngine(str(tiny_model_dir), tokenizer=get_tokenizer(str(tiny_model_dir)), dtype=torch.float32)
+    sequences = [list(range(5, 5 + n)) for n in (3, 17, 40)]
+    widest = []
+    original = engine.model.lm_head.forward
+    monkeypatch.setattr(engine.model.lm_head, "forward", lambda h: widest.append(h.shape[0] * h.shape[1]) or original(h))
+    monkeypatch.setattr(sampler_module, "LOGIT_SPAN_TOKENS", 16)
+    spans = engine.prompt_logprobs(sequences)
+    top = engine.prompt_topk(sequences, 3)
+    assert widest and max(widest) <= 16 and len(widest) > 2 * len(sequences)
+    for seq, lps, topk in zip(sequences, spans, top):
+        ids = torch.tensor([seq])
+        with torch.no_grad():
+            logp = torch.log_softmax(engine.model(input_ids=ids).logits[0, :-1].float(), -1)
+        assert lps[0] is None and topk[0] is None and len(lps) == len(topk) == len(seq)
+        assert lps[1:] == pytest.approx(logp.gather(-1, ids[0, 1:, None])[:, 0].tolist(), abs=1e-4)
+        values, tokens = logp.topk(3, -1)
+        assert [[t for t, _ in row] for row in topk[1:]] == tokens.tolist()
+        assert [v for row in topk[1:] for _, v in row] == pytest.approx(values.flatten().tolist(), abs=1e-4)

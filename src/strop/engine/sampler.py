@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from strop.engine import unmerged
-from strop.engine.decode import LlamaDecoder, kept_shared
+from strop.engine.decode import SUPPORTED, LlamaDecoder, kept_shared
 from strop.engine.grammar import GRAMMAR_CACHE_SIZE, Grammars, resume  # noqa: F401  (the cache size: re-exported)
 from strop.engine.malloc import keep_freed_memory
 from strop.engine.prefix_cache import MIN_REUSE, PrefixCache, default_budget
@@ -54,6 +54,7 @@ keep_freed_memory()
 # step's sampling): the prefill's activations grow with the batch too, and the memory this process freed and keeps
 # counts as available without being one block. So a twelfth still
 KV_SHARE = 1 / 12
+LOGIT_SPAN_TOKENS = 1024  # rows x positions projected onto the vocabulary at once when scoring (200 MB for SmolLM2)
 
 
 def cache_keyword(model) -> str:
@@ -377,8 +378,9 @@ class SamplerEngine:
         """Each token's logprob given the tokens before it (None for the first), for several sequences, run in
         right-padded batches of similar length."""
         results: list[list[float | None]] = [[] for _ in sequences]
-        for batch, ids, logits in self._teacher_forced(sequences, max_batch_tokens):
-            lp = (logits.gather(-1, ids[:, 1:, None])[..., 0] - torch.logsumexp(logits, -1))
+        for batch, ids, spans in self._teacher_forced(sequences, max_batch_tokens):
+            lp = torch.cat([logits.gather(-1, ids[:, start + 1:start + 1 + logits.shape[1], None])[..., 0]
+                            - torch.logsumexp(logits, -1) for start, logits in spans], dim=1)
             for b, i in enumerate(batch):
                 results[i] = [None] + lp[b, :len(sequences[i]) - 1].tolist()
         return results
@@ -389,16 +391,18 @@ class SamplerEngine:
         """The `k` likeliest tokens and their logprobs at each position of each sequence, given the tokens before
         it (None for the first position): what a teacher's distribution over a student's text looks like."""
         results: list[list] = [[] for _ in sequences]
-        for batch, _, logits in self._teacher_forced(sequences, max_batch_tokens):
-            values, tokens = (logits - torch.logsumexp(logits, -1, keepdim=True)).topk(min(k, logits.shape[-1]), -1)
+        for batch, _, spans in self._teacher_forced(sequences, max_batch_tokens):
+            picked = [(logits - torch.logsumexp(logits, -1, keepdim=True)).topk(min(k, logits.shape[-1]), -1)
+                      for _, logits in spans]
+            values, tokens = torch.cat([v for v, _ in picked], dim=1), torch.cat([t for _, t in picked], dim=1)
             for b, i in enumerate(batch):
                 n = len(sequences[i]) - 1
                 results[i] = [None] + [list(zip(t, v)) for t, v in zip(tokens[b, :n].tolist(), values[b, :n].tolist())]
         return results
 
     def _teacher_forced(self, sequences: list[list[int]], max_batch_tokens: int):
-        """(indices into `sequences`, token ids, float32 logits predicting each next token) per right-padded batch
-        of similar lengths."""
+        """(indices into `sequences`, token ids, and the batch's `_logit_spans`) per right-padded batch of similar
+        lengths."""
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         start = 0
         while start < len(order):
@@ -413,5 +417,21 @@ class SamplerEngine:
                 ids[b, :len(sequences[i])] = torch.tensor(sequences[i], dtype=torch.long)
                 mask[b, :len(sequences[i])] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
-            yield batch, ids, self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+            yield batch, ids, self._logit_spans(ids, mask)
             start = end
+
+    def _logit_spans(self, ids_B_T, mask_B_T):
+        """(first position, float32 logits [B, span, V] predicting the token after each of its positions) over
+        every position but the last, LOGIT_SPAN_TOKENS rows x positions at a time: a batch of 8,192 tokens never
+        holds its B x T x V logits at once (SmolLM2's vocabulary: 1.6 GB in float32, and as much again for their
+        logsumexp; beside a run's other engines, a GRPO step's KL to its start model reached the OOM killer).
+        A model whose head is not a plain projection of the last hidden state (not a `decode.SUPPORTED` type)
+        runs whole."""
+        inner, head = getattr(self.model, "model", None), getattr(self.model, "lm_head", None)
+        if inner is None or head is None or getattr(self.model.config, "model_type", None) not in SUPPORTED:
+            yield 0, self.model(input_ids=ids_B_T, attention_mask=mask_B_T).logits[:, :-1].float()
+            return
+        hidden_B_T_H = inner(input_ids=ids_B_T, attention_mask=mask_B_T).last_hidden_state[:, :-1]
+        span = max(1, LOGIT_SPAN_TOKENS // ids_B_T.shape[0])
+        for start in range(0, hidden_B_T_H.shape[1], span):
+            yield start, head(hidden_B_T_H[:, start:start + span]).float()
