@@ -63,7 +63,8 @@ def build_config(run: Run, folder: Path):
     # the mix's transcripts as admitted, not the file as it is now (a run admitted before mixes were stored as
     # artifacts reads its file)
     if mix and mix.get("sha256") and (mix.get("dataset") or artifacts.exists(mix["sha256"])):
-        common["sft_mix"] = str(_pinned_copy(folder / "sft-mix.jsonl", mix["sha256"], mix.get("dataset") or mix["data"]))
+        common["sft_mix"] = str(_pinned_copy(folder / "sft-mix.jsonl", mix["sha256"],
+                                             f"the SFT mix the run pinned ({mix.get('dataset') or mix['data']}"))
     if "environment" in run.pinned:
         return descriptor.to_grpo_config(None, [], **common)
     dataset = _dataset_file(run, folder)
@@ -86,15 +87,16 @@ def _dataset_file(run: Run, folder: Path) -> Path:
     # artifacts are named by sha256 alone; the loader reads a file by its suffix, so copy it in with one
     _, version = registry.dataset_file(run.pinned["dataset"]["ref"])
     suffix = Path(version["source"] or "rows.jsonl").suffix or ".jsonl"
-    return _pinned_copy(folder / f"dataset{suffix}", run.pinned["dataset"]["sha256"], run.pinned["dataset"]["ref"])
+    return _pinned_copy(folder / f"dataset{suffix}", run.pinned["dataset"]["sha256"],
+                        f"the dataset version the run pinned ({run.pinned['dataset']['ref']}")
 
 
-def _pinned_copy(dataset: Path, expected: str, named: str) -> Path:
+def _pinned_copy(dataset: Path, expected: str, pinned: str) -> Path:
     """The stored artifact `expected` copied to `dataset` (its name's suffix is what the loader reads by), once:
     a copy that no longer matches is made again, so a resumed run trains on what was admitted."""
     if dataset.exists() and sha256_file(dataset) != expected:
-        print(f"warning: {dataset} no longer matches what the run pinned ({named}, sha256 {expected[:12]}); "
-              "copying it again from the store", file=sys.stderr)
+        print(f"warning: {dataset} no longer matches {pinned}, sha256 {expected[:12]}); copying it again from the "
+              "store", file=sys.stderr)
         dataset.unlink()
     if not dataset.exists():
         dataset.parent.mkdir(parents=True, exist_ok=True)
