@@ -277,7 +277,8 @@ def test_killed_worker_shows_failed_then_resumes(workspace, capsys):
 
 
 def test_cancel_stops_the_worker(workspace, capsys):
-    long = descriptor(workspace, **{"config.rlHyperparams.maxSteps": 200, "config.rlHyperparams.epochs": 40})
+    # long enough that it cannot finish between being seen running and the cancel (200 steps once did, in a busy suite)
+    long = descriptor(workspace, **{"config.rlHyperparams.maxSteps": 5000, "config.rlHyperparams.epochs": 1000})
     run_id = run(capsys, "runs", "start", "-f", long, "--jq", ".runId")[1].strip()
     deadline = time.monotonic() + 120
     while json.loads(run(capsys, "runs", "get", run_id, "-o", "json")[1])["status"] != "running":
