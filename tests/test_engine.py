@@ -343,6 +343,7 @@ def test_scoring_projects_a_span_of_positions_at_a_time_with_the_whole_forwards_
     from strop.engine.sampler import SamplerEngine
     from strop.tokenizer_utils import get_tokenizer
     engine = SamplerEngine(str(tiny_model_dir), tokenizer=get_tokenizer(str(tiny_model_dir)), dtype=torch.float32)
+    assert engine.prompt_logprobs([[5]]) == [[None]] and engine.prompt_topk([[5]], 2) == [[None]]  # nothing to score
     sequences = [list(range(5, 5 + n)) for n in (3, 17, 40)]
     widest = []
     original = engine.model.lm_head.forward

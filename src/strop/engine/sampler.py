@@ -433,5 +433,5 @@ class SamplerEngine:
             return
         hidden_B_T_H = inner(input_ids=ids_B_T, attention_mask=mask_B_T).last_hidden_state[:, :-1]
         span = max(1, LOGIT_SPAN_TOKENS // ids_B_T.shape[0])
-        for start in range(0, hidden_B_T_H.shape[1], span):
+        for start in range(0, max(1, hidden_B_T_H.shape[1]), span):  # one span even for one-token sequences
             yield start, head(hidden_B_T_H[:, start:start + span]).float()
