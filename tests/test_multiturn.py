@@ -143,6 +143,34 @@ def test_a_turn_whose_prompt_was_re_rendered_differently_is_a_datum_of_its_own()
     assert two.loss_fn_inputs["target_tokens"].to_torch().tolist() == [0] * 5 + [40, 41]
 
 
+def test_kl_scores_an_episode_as_one_sequence_where_its_turns_chain(tiny_model_dir):
+    """Turns whose prompts extend the tokens before them are scored in one sequence, with the values each turn
+    scored alone gives; a turn whose prompt was re-rendered differently starts a sequence of its own."""
+    base = strop.ServiceClient().create_sampling_client(base_model=str(tiny_model_dir))
+    scored = []
+
+    class Counting:  # the real client; records what it was asked to score
+        def compute_logprobs_many(self, inputs):
+            scored.extend(i.to_ints() for i in inputs)
+            return base.compute_logprobs_many(inputs)
+
+    first = strop.types.ModelInput.from_ints([5, 6, 7])
+    chained = strop.types.ModelInput.from_ints([5, 6, 7, 8, 9, 30, 31])
+    changed = strop.types.ModelInput.from_ints([5, 6, 7, 8, 10, 30, 31, 40, 41, 32])
+    turns = (Turn(prompt=first, tokens=(8, 9), logprobs=(-0.5, -0.25), text="", stop_reason="stop"),
+             Turn(prompt=chained, tokens=(40, 41), logprobs=(-1.0, -2.0), text="", stop_reason="stop"),
+             Turn(prompt=changed, tokens=(50,), logprobs=(-3.0,), text="", stop_reason="stop"))
+    [kl] = turn_kl(Counting(), [Rollout(turns=turns)])
+    assert scored == [[5, 6, 7, 8, 9, 30, 31, 40, 41], [5, 6, 7, 8, 10, 30, 31, 40, 41, 32, 50]]
+    alone = [turn_kl(base, [Rollout(turns=(t,))])[0][0] for t in turns]
+    assert [len(k) for k in kl] == [2, 2, 1]
+    for together, apart in zip(kl, alone):
+        assert together == pytest.approx(apart, abs=1e-5)
+    # two untrained first turns (a branched group's shared prefix): the scored sequence starts at the third
+    scored.clear()
+    [kl] = turn_kl(Counting(), [Rollout(turns=turns)], [2])
+    assert kl[:2] == [[], []] and scored == [[5, 6, 7, 8, 10, 30, 31, 40, 41, 32, 50]]
+
 def test_a_merged_episode_trains_as_its_turns_would_one_by_one(tiny_model_dir):
     """The losses are sums over positions, so one datum for an episode gives the gradient its per-turn datums
     would (the causal model reads the same prefix for every sampled token)."""

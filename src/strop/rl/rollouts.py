@@ -125,13 +125,32 @@ def _concurrently(fn, items) -> list:
 def turn_kl(base_sampler, rollouts, untrained_G: list[int] | None = None) -> list[list[list[float]]]:
     """Per rollout, per turn, per sampled token: log p_sampler - log p_base (the model with the adapter off),
     scored over each turn's own prompt, which holds the observations so far. All turns in one batched pass. The
-    first `untrained_G[g]` turns of rollout g are not trained (`strop.rl.branching`): they get [] and no pass."""
+    first `untrained_G[g]` turns of rollout g are not trained (`strop.rl.branching`): they get [] and no pass.
+
+    A rollout's turns are scored as one sequence while each turn's prompt begins with the tokens before it (as
+    `rollout_datums` chains them): a turn's logprobs depend only on the tokens before it, so the values are the
+    same, and the conversation is not run again for every turn (in finance-sql after the branch, about half
+    the scored tokens)."""
     skip = untrained_G or [0] * len(rollouts)
     wanted = [[bool(t.tokens) and i >= skip[g] for i, t in enumerate(r.turns)] for g, r in enumerate(rollouts)]
-    turns = [t for r, w in zip(rollouts, wanted) for t, ok in zip(r.turns, w) if ok]
+    sequences: list[list[int]] = []
+    places = []  # per wanted turn: (its sequence, where its tokens start there)
+    for rollout, w in zip(rollouts, wanted):
+        chained: list[int] | None = None
+        for turn, ok in zip(rollout.turns, w):
+            if not ok:
+                continue
+            prompt = turn.prompt.to_ints()
+            if chained is None or prompt[:len(chained)] != chained:
+                chained = []
+                sequences.append(chained)
+            chained += prompt[len(chained):]
+            places.append((len(sequences) - 1, len(chained), turn))
+            chained += turn.tokens
     base_lps = base_sampler.compute_logprobs_many(
-        [t.prompt.append(types.EncodedTextChunk(tokens=list(t.tokens))) for t in turns]).result() if turns else []
-    by_turn = iter([[lp - b for lp, b in zip(t.logprobs, base[t.prompt.length:])] for t, base in zip(turns, base_lps)])
+        [types.ModelInput.from_ints(s) for s in sequences]).result() if sequences else []
+    by_turn = iter([[lp - b for lp, b in zip(turn.logprobs, base_lps[s][start:start + len(turn.tokens)])]
+                    for s, start, turn in places])
     return [[next(by_turn) if ok else [] for ok in w] for w in wanted]
 
 
