@@ -49,16 +49,23 @@ def _per_turn(base, rollouts: list[Rollout]) -> list[float]:
     return [lp - b for t, base_lp in zip(turns, lps) for lp, b in zip(t.logprobs, base_lp[t.prompt.length:])]
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be 1 or more")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
-    parser.add_argument("--rollouts", type=int, default=16)
-    parser.add_argument("--prompt", type=int, default=1300)
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--reply", type=int, default=50)
-    parser.add_argument("--observation", type=int, default=80)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--rollouts", type=_positive, default=16)
+    parser.add_argument("--prompt", type=_positive, default=1300)
+    parser.add_argument("--turns", type=_positive, default=3)
+    parser.add_argument("--reply", type=_positive, default=50)
+    parser.add_argument("--observation", type=_positive, default=80)
+    parser.add_argument("--repeats", type=_positive, default=2)
+    parser.add_argument("--threads", type=_positive, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
