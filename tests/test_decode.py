@@ -85,6 +85,19 @@ def shared_prefix_requests(tok):
             for t, n, p in zip(texts, (2, 3, 2), params)]
 
 
+def record_prefixes(monkeypatch):
+    """[(prefix lengths, own positions of each row's buffers)] of every decode state started from now on."""
+    from strop.engine.decode import DecodeState
+    seen = []
+    original = DecodeState.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        seen.append(([p.length for p in self.prefixes], [p.keys[0].shape[2] for p in self.prefixes], self.length))
+    monkeypatch.setattr(DecodeState, "__init__", init)
+    return seen
+
+
 @pytest.mark.parametrize("grow", [128, 3], ids=["one-buffer", "buffers-grow"])
 def test_a_prefix_every_row_shares_is_kept_once_with_hf_forwards_numbers(engines, monkeypatch, grow):
     """The decode state keeps the batch's common prefix once and each row's own positions beside it (left-padded
@@ -95,16 +108,11 @@ def test_a_prefix_every_row_shares_is_kept_once_with_hf_forwards_numbers(engines
     requests = shared_prefix_requests(tok)
     shared = sampler_module.common_prefix([r.prompt_tokens for r in requests])
     assert shared >= MIN_SHARED
-    states = []
-    original = DecodeState.__init__
-    monkeypatch.setattr(DecodeState, "__init__",
-                        lambda self, *a, **k: (states.append(self), original(self, *a, **k))[1])
+    seen = record_prefixes(monkeypatch)
     for _ in range(2):  # the second time the prompt cache holds the prefix: another layout of the prompts' slots
         assert_same(run(fast, requests), run(plain, requests))
     longest_own = max(len(r.prompt_tokens) for r in requests) - shared
-    for state in states:
-        assert state.shared == shared and state.shared_keys[0].shape[1] == shared
-        assert state.keys[0].shape[2] <= longest_own + max(r.params.max_tokens for r in requests)
+    assert seen == [([shared], [shared], longest_own)] * 2
 
 
 def test_one_prompts_samples_keep_the_whole_prompt_once(engines):
@@ -112,44 +120,94 @@ def test_one_prompts_samples_keep_the_whole_prompt_once(engines):
     fast, plain, tok = engines
     prompt = tok.encode("You are a careful analyst. Use the tools to look at the tables before you answer. " * 2)
     requests = [SampleRequest(prompt_tokens=prompt, num_samples=4, params=SamplingParams(max_tokens=6, seed=3))]
+    assert sampler_module.prefix_groups([prompt], [4]) == [(len(prompt), [0])]
     with torch.inference_mode():
         _, cache, mask = fast._prefill([tuple(prompt)])
-    state = fast._decoder.start(cache, mask[[0, 0, 0, 0]], 6, rows_of=torch.tensor([0, 0, 0, 0]), shared=len(prompt))
-    assert state.length == 0 and state.shared_keys[0].shape[1] == len(prompt)
+    state = fast._decoder.start(cache, mask[[0, 0, 0, 0]], 6, rows_of=torch.tensor([0, 0, 0, 0]),
+                                prefixes=[(len(prompt), [0])])
+    assert state.length == 0 and state.prefixes[0].keys[0].shape[2] == len(prompt)
     assert_same(run(fast, requests), run(plain, requests))
 
 
-def test_a_shared_prefix_counts_once_in_a_batchs_memory(engines, monkeypatch):
-    """Rows of prompts with a long common prefix: a memory budget that holds every row's own positions but not every
-    row's whole prompt still runs them as one batch, since the decode state keeps the prefix once."""
-    from strop.engine.sampler import KV_SHARE
-    fast, _, tok = engines
-    requests = shared_prefix_requests(tok)
+def test_prefix_groups_keep_what_groups_of_prompts_share():
+    """Hand-worked: every prompt starts with a 40-token system prompt; three turns of episodes branched at one
+    80-token state share it; one prompt sampled 4 times shares all of itself; the rest share the system prompt."""
+    from strop.engine.decode import prefix_groups
+    system = list(range(1000, 1040))
+    branch = system + list(range(2000, 2040))
+    prompts = [branch + [7, 1, 2], system + [5, 5], branch + [8, 1], system + list(range(3000, 3060)),
+               system + [6] * 5, branch + [9] * 30]
+    rows = [1, 1, 1, 4, 1, 1]
+    assert prefix_groups(prompts, rows) == [(80, [0, 2, 5]), (100, [3]), (40, [1, 4])]
+    # one row each: the prompt sampled once shares nothing beyond the system prompt
+    assert prefix_groups(prompts) == [(80, [0, 2, 5]), (40, [1, 3, 4])]
+    # a prompt joins a group only where that saves no fewer positions than the two apart: 8 rows of a 1,000-token
+    # prompt and one row sharing 100 of its tokens stay apart ((1 + 8 - 1) x 100 < 7 x 1,000; the 100 are what
+    # every prompt shares), one sharing 900 joins (8 x 900 >= 7 x 1,000)
+    long = list(range(1000))
+    assert prefix_groups([long, long[:100] + [1] * 50], [8, 1]) == [(1000, [0]), (100, [1])]
+    assert prefix_groups([long, long[:900] + [1] * 50, [5] * 40], [8, 1, 1]) == [(900, [0, 1])]
+    # nothing long enough to share, and no prompts
+    assert prefix_groups([[1] * 20, [1] * 19 + [2]], [3, 3]) == []
+    assert prefix_groups([]) == []
+
+
+def branched_requests(tok):
+    """Two GRPO-style groups, each branched at its own long state (the later turns of its episodes: different
+    prompts after the state), one group's branch turn sampled four times, and two prompts sharing only the system
+    text; greedy and sampled rows that stop at different steps."""
+    system = "You are a careful analyst. Use the tools to look at the tables before you answer. " * 2
+    state_a = system + "Question: what was the revenue of Acme in 2023? Tables: income, balance, cash flows. " * 2
+    state_b = system + "Question: how did the margin of Brill change from 2021 to 2022? Tables: income, notes. " * 2
+    texts = [(state_a + "SELECT revenue FROM income", 1), (state_a + "SELECT * FROM balance WHERE year = 2023", 1),
+             (state_b, 4), (state_a + "Hi", 1), (system + "What is 2 + 3?", 1), (system + "Hello there", 2)]
+    params = [SamplingParams(max_tokens=9, temperature=0, stop=[]), SamplingParams(max_tokens=14, seed=5, stop=[]),
+              SamplingParams(max_tokens=5, seed=9, top_p=0.9, top_k=20, stop=[])]
+    return [SampleRequest(prompt_tokens=tok.encode(t), num_samples=n, params=params[i % 3])
+            for i, (t, n) in enumerate(texts)]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["cpu-kernel", "matmul"])
+def test_groups_sharing_their_own_prefixes_decode_with_hf_forwards_numbers(engines, monkeypatch, fused):
+    """Several groups in one batch, each prefix kept once (both ways of attending to it: torch's CPU kernel,
+    and the matmuls other devices run); tokens and logprobs are HF forward's as rows leave and buffers grow."""
+    from strop.engine import decode
+    monkeypatch.setattr(decode.DecodeState, "GROW", 4)
+    if not fused:
+        monkeypatch.setattr(decode, "_CPU_ATTENTION", None)
+    fast, plain, tok = engines
+    requests = branched_requests(tok)
+    seen = record_prefixes(monkeypatch)
+    assert_same(run(fast, requests), run(plain, requests))
+    [(lengths, kept, own)] = seen
+    assert len(lengths) == 3 and lengths == kept  # two branched groups and the rest on the system prompt
     shared = sampler_module.common_prefix([r.prompt_tokens for r in requests])
-    rows = sum(r.num_samples for r in requests)
-    longest = max(len(r.prompt_tokens) + r.params.max_tokens for r in requests)
-    budget = (shared + rows * (longest - shared) + 1) * fast.kv_bytes_per_token
-    assert budget < rows * longest * fast.kv_bytes_per_token  # per row, the batch would be cut
-    monkeypatch.setenv("STROP_MEMORY_LIMIT_MB", str(budget / KV_SHARE / 2**20))
-    sizes = []
-    original = fast._generate_batch
-    monkeypatch.setattr(fast, "_generate_batch",
-                        lambda rows, prompts: (sizes.append(len(rows)), original(rows, prompts)))
-    fast.generate(requests)
-    assert sizes == [rows]
+    assert min(lengths) == shared and max(lengths) > shared + decode.MIN_SHARED
+    assert own < max(len(r.prompt_tokens) for r in requests) - shared
 
 
-def test_no_requests_sample_nothing(engines):
-    assert engines[0].generate([]) == []
-
-
-def test_bfloat16_buffers_keep_the_prefix_per_row():
-    """In bfloat16 a matmul over the rows' own keys copies them (SDPA reads them in place): measured slower, so
-    the prefix stays in each row there."""
-    from strop.engine.decode import MIN_SHARED, kept_shared
-    assert kept_shared(MIN_SHARED, torch.float32) == MIN_SHARED
-    assert kept_shared(MIN_SHARED - 1, torch.float32) == 0
-    assert kept_shared(500, torch.bfloat16) == 0
+def test_bfloat16_decode_with_shared_prefixes_matches_each_row_keeping_its_own(tiny_model_dir):
+    """In bfloat16, teacher-forced through the same tokens, a state keeping the groups' prefixes once gives the
+    logits of one keeping every row's whole prompt (up to bf16 rounding)."""
+    tok = load_tokenizer(str(tiny_model_dir))
+    engine = SamplerEngine(tiny_model_dir, tokenizer=tok, dtype=torch.bfloat16, prefix_cache_bytes=0)
+    requests = branched_requests(tok)
+    prompts = [tuple(r.prompt_tokens) for r in requests]
+    groups = sampler_module.prefix_groups([list(p) for p in prompts])
+    assert len(groups) >= 2
+    positions = torch.tensor([len(p) for p in prompts])
+    tokens = torch.randint(0, engine.model.config.vocab_size, (6, len(prompts)), generator=torch.Generator().manual_seed(1))
+    logits = {}
+    with torch.inference_mode():
+        for name, prefixes in (("shared", groups), ("per-row", [])):
+            _, cache, mask = engine._prefill(prompts)
+            state = engine._decoder.start(cache, mask, 8, prefixes=prefixes)
+            steps = [state.step(tokens[i], positions + i) for i in range(4)]
+            state.select(torch.tensor([0, 2, 3, 5]))  # rows leave: a group keeps the rest of its rows
+            steps += [state.step(tokens[i, [0, 2, 3, 5]], positions[[0, 2, 3, 5]] + i) for i in range(4, 6)]
+            logits[name] = torch.cat([s.log_softmax(-1) for s in steps])
+    gap = (logits["shared"] - logits["per-row"]).abs().max().item()
+    assert gap < 0.1, gap
 
 
 def test_lora_merging_reaches_the_fused_weights(engines):
@@ -291,7 +349,7 @@ def test_decode_batches_are_cut_to_what_memory_holds(engines, monkeypatch):
     sizes = []
     original = fast._generate_batch
     monkeypatch.setattr(fast, "_generate_batch",
-                        lambda rows, prompts: (sizes.append(len(rows)), original(rows, prompts)))
+                        lambda rows, *rest: (sizes.append(len(rows)), original(rows, *rest)))
     cut = run(fast, requests)
     assert len(sizes) >= 3 and sum(sizes) == 7, sizes  # measured [4, 2, 1]: the short rows share a batch
     assert_same(cut, whole)

@@ -9,17 +9,21 @@ model's own modules and weights and runs the step itself:
 - q, k and v are one matmul, and so are gate and up: their weights are made views into one fused buffer, so
   LoRA merging (which writes the modules' weights) updates the fused matmul with no copy;
 - keys and values are written in place into buffers that grow GROW positions at a time (not a copy per step);
-- attention groups query heads by key/value head (no repeat), masked for the left padding;
 - RMSNorm, the activation and the rotary embedding are the model's own modules, so the numbers match HF's
   up to float summation order;
-- a prefix every row's prompt starts with (a system prompt and tool schemas, or the one prompt a group of
-  samples shares) is kept once, not once a row: each layer's attention multiplies all the rows' queries by its
-  keys in one matmul, then by each row's own keys, under one softmax over both (`shared=` of `start`). At 64
-  finance-sql rows the keys and values, read whole at every token, are most of a decode step's memory traffic.
+- a prefix that several rows' prompts start with is kept once, not once a row: the samples of one prompt share
+  all of it, the turns of a GRPO group branched at one state share that state, every prompt of a batch shares
+  its system prompt and tool schemas (`prefix_groups` chooses). Each layer's attention reads each group's prefix
+  once for all its rows' queries, then each row's own positions, and joins the two by their log-sum-exps. At
+  64 finance-sql rows the keys and values, read whole at every token, are most of a decode step's memory
+  traffic;
+- a key/value head's query heads attend as that many query positions of one head, masked for the left
+  padding: no repeated keys and values, one fused attention kernel. (`enable_gqa=True`, which torch's CPU
+  kernel runs as a plain matmul of repeated keys, was 5x slower in bfloat16 at 64 rows x 1,600 positions.)
 
     decoder = LlamaDecoder.for_model(model)          # None for an architecture it does not know
     state = decoder.start(cache, mask_B_T, max_new)  # after HF's prefill into a DynamicCache
-    state = decoder.start(cache, mask_B_T, max_new, shared=S)  # every row's first S tokens are the same
+    state = decoder.start(cache, mask_B_T, max_new, prefixes=prefix_groups(prompts))  # shared prefixes kept once
     logits_B_V = state.step(tokens_B, positions_B)   # one token per row
     state.select(keep_B)                             # drop finished rows
 """
@@ -39,18 +43,62 @@ LORA_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_att
                 "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
 
 
-# a shared prefix shorter than this is kept per row as before: two matmuls and a concatenation a layer cost more
-# than reading a few positions twice
+# a shared prefix shorter than this is kept in each row: attending to it apart costs a kernel call a layer
 MIN_SHARED = 32
 
+# torch's CPU attention kernel, which also returns each query's log-sum-exp (the public SDPA drops it): attention
+# over a group's shared prefix and over a row's own positions then join exactly
+_CPU_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
-def kept_shared(shared: int, dtype: torch.dtype) -> int:
-    """How many shared first positions the decode state keeps once: all of them when there are MIN_SHARED and the
-    buffers are float32, else none. Measured with SmolLM2 on 2 CPU cores (same process, alternating): float32, 64
-    rows of a 400-token shared prefix and 600 own positions, 48 new tokens: decode 27.6 s -> 20.0 s; 32 rows
-    of 40 + 10: 1.02x. In bfloat16 the rows' own keys, a strided slice of their buffers, are copied whole by
-    a bf16 matmul (the per-row path reads them in place with SDPA): 0.89x at 40 + 10, 1.00x at 400 + 120."""
-    return shared if shared >= MIN_SHARED and dtype == torch.float32 else 0
+
+def common_prefix(prompts: list) -> int:
+    """How many first tokens all the prompts have in common (0 for none)."""
+    if not prompts:
+        return 0
+    first, length = prompts[0], min(len(p) for p in prompts)
+    for prompt in prompts[1:]:
+        length = next((i for i in range(length) if prompt[i] != first[i]), length)
+    return length
+
+
+def prefix_groups(prompts: list, rows: list[int] | None = None) -> list[tuple[int, list[int]]]:
+    """Which prompts' shared first tokens a decode state keeps once: [(length, indices into `prompts`)], each
+    prompt in at most one group, every group's prompts starting with the same `length` tokens. `rows[i]`: how many
+    rows sample prompt i (1 each when None).
+
+    Sorted, prompts that share a long prefix are neighbours. A run of neighbours becomes a group while its common
+    prefix stays at least MIN_SHARED longer than the one all the prompts share and the positions it saves, (rows
+    - 1) x length, are no fewer than the run and the next prompt would save apart: the samples of one prompt,
+    or the turns of episodes branched at one state. The
+    prompts in no such group form one more group on the prefix every prompt shares, when that is MIN_SHARED or
+    longer (a system prompt and tool schemas)."""
+    if not prompts:
+        return []
+    rows = rows or [1] * len(prompts)
+    every = common_prefix(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
+    groups, run, length = [], [order[0]], len(prompts[order[0]])
+
+    def close():
+        if sum(rows[i] for i in run) >= 2 and length >= max(every + MIN_SHARED, MIN_SHARED):
+            groups.append((length, sorted(run)))
+
+    for i in order[1:]:
+        joined = min(length, common_prefix([prompts[run[0]], prompts[i]]))
+        members = sum(rows[j] for j in run)
+        alone = (members - 1) * length + (rows[i] - 1) * len(prompts[i])  # saved by two groups
+        if joined >= every + MIN_SHARED and (members + rows[i] - 1) * joined >= alone:
+            run.append(i)
+            length = joined
+        else:
+            close()
+            run, length = [i], len(prompts[i])
+    close()
+    grouped = {i for _, members in groups for i in members}
+    rest = [i for i in range(len(prompts)) if i not in grouped]
+    if rest and every >= MIN_SHARED:
+        groups.append((every, rest))
+    return groups
 
 
 def _fuse(modules: list[torch.nn.Linear]) -> torch.Tensor:
@@ -122,48 +170,71 @@ class LlamaDecoder:
             layer["lora_o"], layer["lora_down"] = lora.get("o"), lora.get("down")
 
     def start(self, cache, mask_B_T: torch.Tensor, max_new: int, rows_of: torch.Tensor | None = None,
-              shared: int = 0) -> "DecodeState":
+              prefixes: list[tuple[int, list[int]]] = ()) -> "DecodeState":
         """The rows' decode state from a prefill's `cache`, which it empties (`DecodeState`); `rows_of[b]`: the
-        cache row that row b starts from (several rows sampling one prompt), None: row b; `shared`: how many first
-        tokens every row's prompt has in common (kept once where `kept_shared` says)."""
-        return DecodeState(self, cache, mask_B_T, max_new, rows_of, kept_shared(shared, cache.layers[0].keys.dtype))
+        cache row that row b starts from (several rows sampling one prompt), None: row b; `prefixes`: (length,
+        cache rows) whose first `length` tokens are the same, kept once (`prefix_groups`)."""
+        return DecodeState(self, cache, mask_B_T, max_new, rows_of, prefixes)
+
+
+class SharedPrefix:
+    """One group's shared first positions, kept once: `keys[i]`/`values[i]` [1, kv_heads, length, head_dim] for
+    layer i, and `rows` the batch rows (ascending) whose prompts start with them."""
+
+    def __init__(self, length: int, rows: torch.Tensor):
+        self.length, self.rows = length, rows
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
 
 
 class DecodeState:
     """The rows being generated: their keys and values in buffers of the final length, and which slots are real.
-    With a shared prefix, `shared_keys`/`shared_values` hold its positions once ([kv_heads, S, head_dim] a layer)
-    and each row's buffers only what follows it."""
+    With shared prefixes (`SharedPrefix`), each is held once and a row's buffers hold only what follows its own."""
 
     GROW = 128  # positions added to the buffers at a time: rows that stop early never pay for max_new
 
     def __init__(self, decoder: LlamaDecoder, cache, mask_B_T: torch.Tensor, max_new: int,
-                 rows_of: torch.Tensor | None = None, shared: int = 0):
+                 rows_of: torch.Tensor | None = None, prefixes: list[tuple[int, list[int]]] = ()):
         """Copies the cache's keys and values into the buffers a layer at a time, dropping each layer of the cache
         once copied, so the two never both hold every layer; `rows_of` repeats the cache's rows for the samples.
-        `shared`: the first tokens every row's prompt has in common; their keys and values are taken once, from
-        the first row, and the rows keep the rest left-padded (a prompt's slots hold its positions in order)."""
+        `prefixes`: (length, cache rows) whose first `length` real positions are the same tokens; their keys and
+        values are taken once, from the group's first row, and each of the group's rows keeps the rest,
+        left-padded (a prompt's slots hold its positions in order)."""
         self.d = decoder
         B, T = mask_B_T.shape
         device = mask_B_T.device
         source_B = rows_of if rows_of is not None else torch.arange(B, device=device)
         valid_B_T = mask_B_T.bool()
-        self.shared, self.shared_keys, self.shared_values = shared, [], []
-        if shared:
-            # row b's own slots, after its first `shared` real ones, right-aligned in `own` columns (padding: slot 0)
+        self.prefixes: list[SharedPrefix] = []
+        if prefixes:
+            group_of = torch.full((int(source_B.max()) + 1,), -1, dtype=torch.long, device=device)
+            for g, (_, members) in enumerate(prefixes):
+                group_of[[m for m in members if m < len(group_of)]] = g
+            group_B = group_of[source_B]
+            length_G = torch.tensor([length for length, _ in prefixes] + [0], dtype=torch.long, device=device)
+            shared_B = length_G[group_B]  # 0 for a row in no group (index -1: the appended 0)
+            for g, (length, _) in enumerate(prefixes):
+                rows = (group_B == g).nonzero()[:, 0]
+                if len(rows):
+                    self.prefixes.append(SharedPrefix(length, rows))
+            # row b's own slots, after its first shared_B[b] real ones, right-aligned in `own` columns (padding: 0)
             count_B = valid_B_T.sum(1)
-            if int(count_B.min()) < shared:
-                raise ValueError(f"a row has fewer than the {shared} shared positions")
+            if bool((count_B < shared_B).any()):
+                raise ValueError("a row has fewer positions than the prefix it is said to share")
             rank_B_T = valid_B_T.cumsum(1) - 1  # a real slot's position in its row
-            own_B = count_B - shared
+            own_B = count_B - shared_B
             own = int(own_B.max())
-            column_B_T = rank_B_T - shared + (own - own_B)[:, None]
-            keep_B_T = valid_B_T & (rank_B_T >= shared)
+            column_B_T = rank_B_T - shared_B[:, None] + (own - own_B)[:, None]
+            keep_B_T = valid_B_T & (rank_B_T >= shared_B[:, None])
             slot_B_O = torch.zeros((B, own), dtype=torch.long, device=device)
             rows_B_T = torch.arange(B, device=device)[:, None].expand(B, T)
             slot_B_O[rows_B_T[keep_B_T], column_B_T[keep_B_T]] = torch.arange(T, device=device).expand(B, T)[keep_B_T]
             valid_B_T = torch.arange(own, device=device)[None, :] >= (own - own_B)[:, None]
-            first_S = mask_B_T[0].bool().nonzero()[:shared, 0]
+            firsts = [(int(source_B[p.rows[0]]), mask_B_T[p.rows[0]].bool().nonzero()[:p.length, 0])
+                      for p in self.prefixes]
             T = own
+            if self.prefixes:
+                self._place_shared(B, device)
         self.length, self.limit = T, T + max_new
         capacity = min(self.limit, T + self.GROW)
         self.valid_B_L = torch.zeros((B, capacity), dtype=torch.bool, device=device)
@@ -172,10 +243,10 @@ class DecodeState:
         for layer in cache.layers:
             k = layer.keys.new_empty((B, decoder.kv_heads, capacity, decoder.head_dim))
             v = torch.empty_like(k)
-            if shared:
-                first = int(source_B[0])
-                self.shared_keys.append(layer.keys[first][:, first_S].contiguous())
-                self.shared_values.append(layer.values[first][:, first_S].contiguous())
+            if self.prefixes or prefixes:
+                for prefix, (first, slots_S) in zip(self.prefixes, firsts):
+                    prefix.keys.append(layer.keys[first][None, :, slots_S].contiguous())
+                    prefix.values.append(layer.values[first][None, :, slots_S].contiguous())
                 # [B, own, kv, hd] by advanced indexing around the heads' slice, then heads first again
                 k[:, :, :T] = layer.keys[source_B[:, None], :, slot_B_O].transpose(1, 2)
                 v[:, :, :T] = layer.values[source_B[:, None], :, slot_B_O].transpose(1, 2)
@@ -188,6 +259,13 @@ class DecodeState:
             layer.keys = layer.values = None  # the caller's cache is spent: its memory goes back layer by layer
             self.keys.append(k)
             self.values.append(v)
+
+    def _place_shared(self, B: int, device: torch.device) -> None:
+        """`_shared_at[b]`: where row b's results are in the prefixes' outputs laid end to end; for a row in no
+        group, one slot past them (a weight of 0)."""
+        order = torch.cat([p.rows for p in self.prefixes])
+        self._shared_at = torch.full((B,), len(order), dtype=torch.long, device=device)
+        self._shared_at[order] = torch.arange(len(order), device=device)
 
     def _grow(self) -> None:
         old = self.valid_B_L.shape[1]
@@ -202,9 +280,21 @@ class DecodeState:
                 buffers[i] = grown
 
     def select(self, keep_B: torch.Tensor) -> None:
+        """Keep only the rows `keep_B` (their indices, ascending, or a mask); a prefix no kept row reads is freed."""
+        B = self.valid_B_L.shape[0]
+        if keep_B.dtype == torch.bool:
+            keep_B = keep_B.nonzero()[:, 0]
         self.valid_B_L = self.valid_B_L[keep_B]
         self.keys = [k[keep_B] for k in self.keys]
         self.values = [v[keep_B] for v in self.values]
+        if self.prefixes:
+            moved = torch.full((B,), -1, dtype=torch.long, device=keep_B.device)
+            moved[keep_B] = torch.arange(len(keep_B), device=keep_B.device)
+            for prefix in self.prefixes:
+                prefix.rows = moved[prefix.rows][moved[prefix.rows] >= 0]
+            self.prefixes = [p for p in self.prefixes if len(p.rows)]
+            if self.prefixes:
+                self._place_shared(len(keep_B), keep_B.device)
 
     def step(self, tokens_B: torch.Tensor, positions_B: torch.Tensor) -> torch.Tensor:
         """Append one token per row at its position; return the next-token logits [B, V] (float32)."""
@@ -216,9 +306,8 @@ class DecodeState:
         n = t + 1
         groups = d.heads // d.kv_heads
         # additive mask [B, 1, 1, n]: 0 where a slot is real, -inf on left padding
-        bias = torch.zeros((B, 1, 1, n), dtype=torch.float32, device=tokens_B.device)
+        bias = torch.zeros((B, 1, 1, n), dtype=self.keys[0].dtype, device=tokens_B.device)
         bias.masked_fill_(~self.valid_B_L[:, None, None, :n], float("-inf"))
-        low_bias = bias.to(self.keys[0].dtype) if self.keys[0].dtype != torch.float32 else None
         h_B_1_H = d.embed(tokens_B[:, None])
         cos, sin = d.rotary(h_B_1_H, positions_B[:, None])  # [B, 1, head_dim]
         cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
@@ -238,18 +327,13 @@ class DecodeState:
             keys, values = self.keys[i], self.values[i]
             keys[:, :, t:n] = k
             values[:, :, t:n] = v
-            if self.shared:
-                attn = self._attend_with_shared(i, q, keys[:, :, :n], values[:, :, :n], bias).reshape(B, q_width)
-            elif keys.dtype == torch.float32:
-                # query heads grouped under their key/value head: [B, kv, groups, hd] @ [B, kv, hd, n]
-                scores = torch.matmul(q.view(B, d.kv_heads, groups, d.head_dim), keys[:, :, :n].transpose(-1, -2))
-                scores = (scores * d.scale + bias).softmax(-1)
-                attn = torch.matmul(scores, values[:, :, :n]).reshape(B, q_width)
+            # a key/value head's query heads as `groups` query positions: [B, kv, groups, hd] against [B, kv, n, hd]
+            q_B_K_G_D = q.view(B, d.kv_heads, groups, d.head_dim)
+            if self.prefixes:
+                attn = self._attend_with_prefixes(i, q_B_K_G_D, keys[:, :, :n], values[:, :, :n], bias)
             else:
-                # bf16: torch's fused kernel reads the buffers' strided slices as they are; a bf16 matmul copies
-                # them to contiguous memory first (3.4x slower at 10 rows x 1,500 positions here)
-                attn = F.scaled_dot_product_attention(q, keys[:, :, :n], values[:, :, :n], attn_mask=low_bias,
-                                                      scale=d.scale, enable_gqa=True).reshape(B, q_width)
+                attn = _attend_rows(q_B_K_G_D, keys[:, :, :n], values[:, :, :n], bias, d.scale)
+            attn = attn.reshape(B, q_width)
             out_H_B = _linear_t(attn, layer["o"].weight)
             if (factors := layer.get("lora_o")) is not None:
                 out_H_B.addmm_(factors[1], F.linear(attn, factors[0]).t())
@@ -269,24 +353,51 @@ class DecodeState:
         self.length = n
         return _linear(d.norm(h_B_1_H)[:, 0], d.head.weight).float()
 
-    def _attend_with_shared(self, i: int, q_B_Q_1_D: torch.Tensor, keys_B_K_N_D: torch.Tensor,
-                            values_B_K_N_D: torch.Tensor, bias_B_1_1_N: torch.Tensor) -> torch.Tensor:
-        """Attention over the shared prefix and each row's own positions, one softmax over both: the prefix's keys
-        meet every row's queries in one [kv, B x groups, S] product, so they are read once a step, not once a row."""
+    def _attend_with_prefixes(self, i: int, q_B_K_G_D: torch.Tensor, keys_B_K_N_D: torch.Tensor,
+                              values_B_K_N_D: torch.Tensor, bias_B_1_1_N: torch.Tensor) -> torch.Tensor:
+        """Attention over each row's shared prefix and its own positions, as one softmax over both: a prefix's
+        keys meet all its rows' queries in one kernel call, so they are read once a step, not once a row; the two
+        parts are weighted by their log-sum-exps."""
         d = self.d
-        B, kv, S = q_B_Q_1_D.shape[0], d.kv_heads, self.shared
-        groups = d.heads // kv
-        q_B_K_G_D = q_B_Q_1_D.view(B, kv, groups, d.head_dim)
-        q_K_BG_D = q_B_K_G_D.transpose(0, 1).reshape(kv, B * groups, d.head_dim)
-        shared_K_BG_S = torch.matmul(q_K_BG_D, self.shared_keys[i].transpose(-1, -2))
-        own_B_K_G_N = torch.matmul(q_B_K_G_D, keys_B_K_N_D.transpose(-1, -2))
-        scores_B_K_G_SN = torch.cat([shared_K_BG_S.view(kv, B, groups, S).transpose(0, 1).float(),
-                                     own_B_K_G_N.float() + bias_B_1_1_N], dim=-1)
-        probs = (scores_B_K_G_SN * d.scale).softmax(-1).to(keys_B_K_N_D.dtype)
-        shared_probs_K_BG_S = probs[..., :S].transpose(0, 1).reshape(kv, B * groups, S)
-        out_K_BG_D = torch.matmul(shared_probs_K_BG_S, self.shared_values[i])
-        out_B_K_G_D = torch.matmul(probs[..., S:], values_B_K_N_D)
-        return out_B_K_G_D + out_K_BG_D.view(kv, B, groups, d.head_dim).transpose(0, 1)
+        B, kv, groups, hd = q_B_K_G_D.shape
+        own_out, own_lse = _attention_lse(q_B_K_G_D, keys_B_K_N_D, values_B_K_N_D, bias_B_1_1_N, d.scale)
+        outs, lses = [], []
+        for prefix in self.prefixes:
+            r = len(prefix.rows)
+            q_1_K_RG_D = q_B_K_G_D.index_select(0, prefix.rows).transpose(0, 1).reshape(1, kv, r * groups, hd)
+            out, lse = _attention_lse(q_1_K_RG_D, prefix.keys[i], prefix.values[i], None, d.scale)
+            outs.append(out.view(kv, r, groups, hd).transpose(0, 1))
+            lses.append(lse.view(kv, r, groups).transpose(0, 1))
+        # a row in no group reads the appended slot: nothing, with log-sum-exp -inf (weight 0)
+        outs.append(own_out.new_zeros((1, kv, groups, hd)))
+        lses.append(own_lse.new_full((1, kv, groups), float("-inf")))
+        shared_out = torch.cat(outs)[self._shared_at]
+        shared_lse = torch.cat(lses)[self._shared_at]
+        total = torch.logaddexp(own_lse, shared_lse)
+        mixed = own_out.float() * (own_lse - total).exp()[..., None] \
+            + shared_out.float() * (shared_lse - total).exp()[..., None]
+        return mixed.to(q_B_K_G_D.dtype)
+
+
+def _attend_rows(q_B_K_G_D: torch.Tensor, keys_B_K_N_D: torch.Tensor, values_B_K_N_D: torch.Tensor,
+                 bias_B_1_1_N: torch.Tensor, scale: float) -> torch.Tensor:
+    """Each row's queries over its own keys and values: torch's fused kernel, which reads the buffers' strided
+    slices as they are (a bf16 matmul copies them first)."""
+    return F.scaled_dot_product_attention(q_B_K_G_D, keys_B_K_N_D, values_B_K_N_D, attn_mask=bias_B_1_1_N, scale=scale)
+
+
+def _attention_lse(q_B_H_L_D: torch.Tensor, keys_B_H_N_D: torch.Tensor, values_B_H_N_D: torch.Tensor,
+                   bias: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T scale + bias) v, and each query's log-sum-exp [B, H, L] (float32): torch's fused CPU kernel
+    where it runs, else the same in matmuls."""
+    if q_B_H_L_D.device.type == "cpu" and _CPU_ATTENTION is not None:
+        out, lse = _CPU_ATTENTION(q_B_H_L_D, keys_B_H_N_D, values_B_H_N_D, attn_mask=bias, scale=scale)
+        return out, lse.float()
+    scores = torch.matmul(q_B_H_L_D, keys_B_H_N_D.transpose(-1, -2)).float() * scale
+    if bias is not None:
+        scores = scores + bias.float()
+    lse = scores.logsumexp(-1)
+    return torch.matmul((scores - lse[..., None]).exp().to(values_B_H_N_D.dtype), values_B_H_N_D), lse
 
 
 def _joined(factors: list[tuple[torch.Tensor, torch.Tensor] | None],

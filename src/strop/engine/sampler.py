@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from strop.engine import unmerged
-from strop.engine.decode import SUPPORTED, LlamaDecoder, kept_shared
+from strop.engine.decode import SUPPORTED, LlamaDecoder, common_prefix, prefix_groups  # noqa: F401  (re-exported)
 from strop.engine.grammar import GRAMMAR_CACHE_SIZE, Grammars, resume  # noqa: F401  (the cache size: re-exported)
 from strop.engine.malloc import keep_freed_memory
 from strop.engine.prefix_cache import MIN_REUSE, PrefixCache, default_budget
@@ -60,16 +60,6 @@ LOGIT_SPAN_TOKENS = 1024  # rows x positions projected onto the vocabulary at on
 def cache_keyword(model) -> str:
     """The forward keyword for a KV cache: transformers 5 renamed past_key_values to cache."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def common_prefix(prompts: list) -> int:
-    """How many first tokens all the prompts have in common (0 for none)."""
-    if not prompts:
-        return 0
-    first, length = prompts[0], min(len(p) for p in prompts)
-    for prompt in prompts[1:]:
-        length = next((i for i in range(length) if prompt[i] != first[i]), length)
-    return length
 
 
 class SamplerEngine:
@@ -170,31 +160,44 @@ class SamplerEngine:
         rows = []
         for index, request in enumerate(requests):
             rows.extend(self._rows_for(index, request))
-        # batches of similar prompt length waste less on padding
-        order = sorted(range(len(rows)), key=lambda i: len(requests[rows[i].prompt_index].prompt_tokens))
-        for batch in self._batches([rows[i] for i in order], requests):
-            self._generate_batch(batch, [requests[r.prompt_index].prompt_tokens for r in batch])
+        # prompts that share a prefix (`decode.prefix_groups`): it is kept once for all their rows of a batch
+        shared = prefix_groups([r.prompt_tokens for r in requests], [r.num_samples for r in requests]) \
+            if self._decoder is not None else []
+        prefix_of = {i: (g, length) for g, (length, members) in enumerate(shared) for i in members}
+        lengths = [len(r.prompt_tokens) for r in requests]
+        shortest = [min(lengths[i] for i in members) for _, members in shared]
+
+        def place(row: _Row) -> tuple[int, int, int]:
+            # batches of similar prompt length waste less on padding; a group's rows stay together, at the place
+            # of its shortest prompt, so that they share a batch
+            i = row.prompt_index
+            g = prefix_of.get(i, (-1, 0))[0]
+            return (shortest[g] if g >= 0 else lengths[i], g, lengths[i])
+
+        for batch in self._batches(sorted(rows, key=place), requests, prefix_of):
+            self._generate_batch(batch, [requests[r.prompt_index].prompt_tokens for r in batch],
+                                 [prefix_of.get(r.prompt_index) for r in batch])
         responses: list[list[SampledSequence]] = [[] for _ in requests]
         for row in rows:
             responses[row.prompt_index].append(SampledSequence(stop_reason=row.stop_reason, tokens=row.tokens, logprobs=row.logprobs))
         return [SampleResponse(sequences=seqs) for seqs in responses]
 
-    def _batches(self, rows: list[_Row], requests: list[SampleRequest]):
-        """Runs of at most max_batch rows (in order) whose keys and values, every row at the batch's longest
-        final length, fit KV_SHARE of the memory available now (at least one row a batch). The prefix that every
-        request's prompt starts with is counted once (the decode step keeps it once), not in each row."""
-        shared = kept_shared(common_prefix([r.prompt_tokens for r in requests]), self.dtype) \
-            if self._decoder is not None else 0
-        budget = available_bytes() * KV_SHARE - shared * self.kv_bytes_per_token
-        batch, longest = [], 0
+    def _batches(self, rows: list[_Row], requests: list[SampleRequest], prefix_of: dict[int, tuple[int, int]]):
+        """Runs of at most max_batch rows (in order) whose keys and values fit KV_SHARE of the memory available now
+        (at least one row a batch): each shared prefix once (`prefix_of`: request -> (group, length)), and every
+        row at the batch's longest final length past its own prefix."""
+        budget = available_bytes() * KV_SHARE / self.kv_bytes_per_token  # positions
+        batch, groups, longest = [], set(), 0
         for row in rows:
+            group, shared = prefix_of.get(row.prompt_index, (-1, 0))
             length = len(requests[row.prompt_index].prompt_tokens) - shared + row.max_tokens
             wider = max(longest, length)
-            if batch and (len(batch) == self.max_batch
-                          or (len(batch) + 1) * wider * self.kv_bytes_per_token > budget):
+            prefixes = sum(n for _, n in groups | {(group, shared)})
+            if batch and (len(batch) == self.max_batch or (len(batch) + 1) * wider + prefixes > budget):
                 yield batch
-                batch, wider = [], length
+                batch, groups, wider = [], set(), length
             batch.append(row)
+            groups.add((group, shared))
             longest = wider
         if batch:
             yield batch
@@ -231,10 +234,19 @@ class SamplerEngine:
         return frozenset(ids), tuple(strings)
 
     @torch.inference_mode()
-    def _generate_batch(self, rows: list[_Row], prompts: list[list[int]]) -> None:
+    def _generate_batch(self, rows: list[_Row], prompts: list[list[int]],
+                        prefixes: list[tuple[int, int] | None] | None = None) -> None:
+        """`prefixes[b]`: (group, length) of the prefix row b's prompt shares with other rows' (`prefix_groups`),
+        None for none."""
         # prefill each distinct prompt once, then repeat its cache for every row that samples from it
         distinct: dict[tuple[int, ...], int] = {}
         row_to_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        groups: dict[int, tuple[int, set[int]]] = {}
+        placed: set[int] = set()  # a prompt asked for twice is in one group
+        for prompt, prefix in zip(row_to_prompt, prefixes or []):
+            if prefix is not None and prompt not in placed:
+                groups.setdefault(prefix[0], (prefix[1], set()))[1].add(prompt)
+                placed.add(prompt)
         logits_P_V, cache, mask = self._prefill(list(distinct))
         select = torch.tensor(row_to_prompt, dtype=torch.long, device=self.device)
         logits_B_V = logits_P_V[select]
@@ -245,7 +257,7 @@ class SamplerEngine:
             # the rows' keys and values go straight from the prompts' cache into the decoder's buffers, a layer at a
             # time, each layer of the cache freed once copied: never a second cache of every row
             state = self._decoder.start(cache, mask, max(r.max_tokens for r in rows), rows_of=select,
-                                        shared=common_prefix(list(distinct)))
+                                        prefixes=[(length, sorted(members)) for length, members in groups.values()])
             del cache
         else:
             cache.batch_select_indices(select)
