@@ -53,3 +53,25 @@ def test_a_local_model_is_evaluated_per_split(tiny_model_dir):
     split = report["splits"]["eval"]
     assert split["n"] == 2 and split["pass@1"] == 0.0  # a random model never answers right
     assert split["episodes"][0]["transcript"][0]["content"].startswith("What is 100 + 2?")
+
+
+def test_a_local_models_episodes_play_in_chunks_with_the_tokens_of_one_batch(tiny_model_dir, monkeypatch):
+    """strop's engine plays ENGINE_EPISODES episodes at a time (so that their conversations stay in its prefix
+    cache between turns); chunks are seeded as one batch would be, and progress counts every split's episode."""
+    from strop.evals import envs
+    args = dict(splits=["eval"], limit=5, options={"max_turns": 2}, max_tokens=8, samples=2, temperature=1.0, seed=3)
+    whole = evaluate_env(str(tiny_model_dir), "toy_env:ToyEnv", **args)
+    monkeypatch.setattr(envs, "ENGINE_EPISODES", 2)
+    played = []
+    original = envs.play
+    monkeypatch.setattr(envs, "play", lambda sampler, renderer, groups, **kw: (
+        played.append(sum(len(g) for g in groups)), original(sampler, renderer, groups, **kw))[1])
+    progress = []
+    chunked = evaluate_env(str(tiny_model_dir), "toy_env:ToyEnv", on_progress=lambda *a: progress.append(a), **args)
+    assert played == [2, 2, 1] + [2] * 5  # greedy: 2 tasks a chunk; sampled: one task (2 episodes) a chunk
+    assert progress[-1] == ("eval", 5, 5) and [p[1] for p in progress] == sorted(p[1] for p in progress)
+
+    def transcripts(report):
+        split = report["splits"]["eval"]
+        return [e["transcript"] for e in split["episodes"]], split["samples"]
+    assert transcripts(chunked) == transcripts(whole)

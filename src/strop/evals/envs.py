@@ -33,6 +33,10 @@ from strop.tokenizer_utils import get_tokenizer
 from strop.tool_calls import ToolCall
 
 
+# episodes played at a time through strop's own engine (`episodes_at_once`)
+ENGINE_EPISODES = 32
+
+
 def _passed(reward: float, info: dict) -> bool:
     return bool(info["correct"]) if "correct" in info else reward >= 1.0
 
@@ -116,14 +120,9 @@ def _check_sampling(model: str, samples: int | None, temperature: float) -> None
 def _sampled_episodes(model, env_name, options, tasks, *, adapter, max_tokens, max_turns, samples, temperature,
                       seed) -> list[list[dict]]:
     """Each task's `samples` episodes, a group each, as GRPO samples a group: one request of `samples`
-    completions for the group's shared first prompt. At most EPISODES_AT_ONCE episodes are played at a time."""
-    chunk = max(1, EPISODES_AT_ONCE // samples)
-    groups: list[list[dict]] = []
-    for start in range(0, len(tasks), chunk):
-        groups += _local_groups(model, env_name, options, tasks[start:start + chunk], adapter=adapter,
-                                max_tokens=max_tokens, max_turns=max_turns, on_progress=None, group=samples,
-                                temperature=temperature, seed=seed + start)
-    return groups
+    completions for the group's shared first prompt."""
+    return _local_groups(model, env_name, options, tasks, adapter=adapter, max_tokens=max_tokens,
+                         max_turns=max_turns, on_progress=None, group=samples, temperature=temperature, seed=seed)
 
 
 def _bound(on_progress, split: str):
@@ -138,18 +137,36 @@ def _local_episodes(model, env_name, options, tasks, *, adapter, max_tokens, max
 
 def _local_groups(model, env_name, options, tasks, *, adapter, max_tokens, max_turns, on_progress, group=1,
                   temperature=0.0, seed=0) -> list[list[dict]]:
+    """Each task's `group` episodes, played in chunks of at most `episodes_at_once` episodes (a chunk's groups
+    seeded as they would be in one batch: the same tokens)."""
     sampler = ServiceClient().create_sampling_client(base_model=model, model_path=adapter)
     renderer = get_renderer(model_info.get_recommended_renderer_name(model), get_tokenizer(model))
-    pool = EnvPool({"name": env_name, "options": options}, len(tasks) * group, ray=RaySettings.from_environment())
+    chunk = max(1, episodes_at_once(sampler) // group)
+    pool = EnvPool({"name": env_name, "options": options}, min(len(tasks), chunk) * group,
+                   ray=RaySettings.from_environment())
+    groups = []
     try:
         source = EnvironmentSource(pool, max_turns=max_turns)
-        groups = play(sampler, renderer, source.episodes(tasks, group), max_tokens=max_tokens,
-                      temperature=temperature, seed=seed, on_turn=on_progress)
+        for start in range(0, len(tasks), chunk):
+            progress = None if on_progress is None else \
+                (lambda finished, _, done=start * group: on_progress(done + finished, len(tasks) * group))
+            groups += play(sampler, renderer, source.episodes(tasks[start:start + chunk], group),
+                           max_tokens=max_tokens, temperature=temperature, seed=seed + start, on_turn=progress)
     finally:
         pool.close()
     return [[{"task": r.task_id, "gold": r.gold, "reward": r.reward, "passed": _passed(r.reward, r.info),
               "turns": len(r.turns), "invalidCalls": r.parse_errors, "state": r.state, "transcript": r.transcript()}
              for r in g] for g in groups]
+
+
+def episodes_at_once(sampler) -> int:
+    """How many episodes an evaluation plays at a time. strop's own engine keeps each conversation's keys and values
+    for its next turn in a prefix cache of at most 4 GiB (`strop.engine.prefix_cache`); more conversations than it
+    holds evict one another every turn, and each is then prefilled whole again. ENGINE_EPISODES of them (32:
+    finance-sql conversations of ~2,000 tokens, SmolLM2 in float32, take 2.9 GB) run at once there; vLLM, which
+    manages its own cache, takes EPISODES_AT_ONCE."""
+    return ENGINE_EPISODES if getattr(getattr(sampler, "backend", None), "sampler", "strop") == "strop" \
+        else EPISODES_AT_ONCE
 
 
 def _endpoint_episodes(model, env_name, options, tasks, *, max_tokens, max_turns, api_key_env, concurrency,
