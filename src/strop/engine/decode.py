@@ -66,12 +66,11 @@ def prefix_groups(prompts: list, rows: list[int] | None = None) -> list[tuple[in
     prompt in at most one group, every group's prompts starting with the same `length` tokens. `rows[i]`: how many
     rows sample prompt i (1 each when None).
 
-    Sorted, prompts that share a long prefix are neighbours. A run of neighbours becomes a group while its common
-    prefix stays at least MIN_SHARED longer than the one all the prompts share and the positions it saves, (rows
-    - 1) x length, are no fewer than the run and the next prompt would save apart: the samples of one prompt,
-    or the turns of episodes branched at one state. The
-    prompts in no such group form one more group on the prefix every prompt shares, when that is MIN_SHARED or
-    longer (a system prompt and tool schemas)."""
+    Sorted, prompts that share a long prefix are neighbours. A run of neighbours becomes a group (the samples of
+    one prompt, the turns of episodes branched at one state) while its common prefix stays at least MIN_SHARED
+    longer than the one all the prompts share, and the positions it saves, (rows - 1) x length, are no fewer than
+    the run and the next prompt would save apart. The prompts in no such group form one more group on the prefix
+    every prompt shares, when that is MIN_SHARED or longer (a system prompt and tool schemas)."""
     if not prompts:
         return []
     rows = rows or [1] * len(prompts)
@@ -243,7 +242,7 @@ class DecodeState:
         for layer in cache.layers:
             k = layer.keys.new_empty((B, decoder.kv_heads, capacity, decoder.head_dim))
             v = torch.empty_like(k)
-            if self.prefixes or prefixes:
+            if prefixes:
                 for prefix, (first, slots_S) in zip(self.prefixes, firsts):
                     prefix.keys.append(layer.keys[first][None, :, slots_S].contiguous())
                     prefix.values.append(layer.values[first][None, :, slots_S].contiguous())
