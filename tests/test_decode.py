@@ -353,3 +353,43 @@ def test_decode_batches_are_cut_to_what_memory_holds(engines, monkeypatch):
     cut = run(fast, requests)
     assert len(sizes) >= 3 and sum(sizes) == 7, sizes  # measured [4, 2, 1]: the short rows share a batch
     assert_same(cut, whole)
+
+
+def test_prefill_parts_pad_each_part_to_its_own_longest_rest():
+    """Hand-worked: by rest length, a part closes where padding it to the next rest would run more than 1.25
+    times its tokens (10, 11, 12 | 95, 100 | 300)."""
+    from strop.engine.sampler import prefill_parts
+    assert prefill_parts([100, 10, 12, 300, 11, 95]) == [[1, 4, 2], [5, 0], [3]]
+    assert prefill_parts([7, 7, 7]) == [[0, 1, 2]] and prefill_parts([5]) == [[0]] and prefill_parts([]) == []
+
+
+def test_prompts_whose_rests_differ_prefill_in_parts_with_one_forwards_numbers(engines, monkeypatch):
+    """Next turns after cached conversations, their new tokens 2 to ~60 long: prefilled in parts (each padded to
+    its own longest), they sample the tokens and logprobs of one forward padded to the longest, in both engines."""
+    fast, plain, tok = engines
+    base = [tok.encode("You are a careful analyst. " * 4 + f"Question {i}: what was the revenue?") for i in range(4)]
+    tails = [" ok", " The table income has columns year, revenue, cost, margin and notes. " * 3, " no",
+             " Error: no such column revenues in income"]
+    requests = [SampleRequest(prompt_tokens=b + tok.encode(t), num_samples=2,
+                              params=SamplingParams(max_tokens=6, seed=i, stop=[])) for i, (b, t) in enumerate(zip(base, tails))]
+    parts = []
+    original = sampler_module.prefill_parts
+    monkeypatch.setattr(sampler_module, "prefill_parts", lambda rests: (parts.append(original(rests)), parts[-1])[1])
+
+    def runs(slack):
+        monkeypatch.setattr(sampler_module, "PREFILL_SLACK", slack)
+        outs = []
+        for engine in (fast, plain):
+            engine.prefix_cache.clear()
+            engine.generate([SampleRequest(prompt_tokens=b, num_samples=1, params=SamplingParams(max_tokens=1, stop=[]))
+                             for b in base])  # the conversations so far, in the prefix cache
+            outs.append(run(engine, requests))
+        return outs
+    split = runs(1.25)
+    assert max(len(p) for p in parts) > 1
+    parts.clear()
+    whole = runs(float("inf"))
+    assert max(len(p) for p in parts) == 1
+    for got, want in zip(split, whole):
+        assert_same(got, want)
+    assert_same(split[0], split[1])

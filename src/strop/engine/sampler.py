@@ -62,6 +62,51 @@ def cache_keyword(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+# a prefill part's rows are padded to its longest rest: at most this many times the tokens they run
+PREFILL_SLACK = 1.25
+
+
+def prefill_parts(rests: list[int]) -> list[list[int]]:
+    """The prompts (indices) run in one prefill forward each: by length of what each runs, shortest first, a part
+    closed where padding it to its next row would run more than PREFILL_SLACK times its tokens."""
+    order = sorted(range(len(rests)), key=lambda i: rests[i])
+    parts, part, tokens = [], [], 0
+    for i in order:
+        if part and (len(part) + 1) * rests[i] > PREFILL_SLACK * (tokens + rests[i]):
+            parts.append(part)
+            part, tokens = [], 0
+        part.append(i)
+        tokens += rests[i]
+    return parts + [part] if part else parts
+
+
+def _joined(parts: list[list[int]], runs: list[tuple[torch.Tensor, DynamicCache, torch.Tensor]]
+            ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+    """One (logits, cache, mask) from each part's, rows back in the order of the indices in `parts`, every part's
+    slots right-aligned (left padding masked); each part's cache is emptied a layer at a time as it is copied."""
+    rows = sum(len(p) for p in parts)
+    width = max(mask.shape[1] for _, _, mask in runs)
+    first_logits, first_cache, first_mask = runs[0]
+    logits = first_logits.new_empty((rows, first_logits.shape[1]))
+    mask = first_mask.new_zeros((rows, width))
+    at = [torch.tensor(part, dtype=torch.long, device=first_mask.device) for part in parts]
+    for index, (part_logits, _, part_mask) in zip(at, runs):
+        logits[index] = part_logits
+        mask[index, width - part_mask.shape[1]:] = part_mask
+    cache = DynamicCache()
+    for layer in range(len(first_cache.layers)):
+        k0 = first_cache.layers[layer].keys
+        keys = k0.new_zeros((rows, k0.shape[1], width, k0.shape[3]))
+        values = torch.zeros_like(keys)
+        for index, (_, part_cache, _) in zip(at, runs):
+            part = part_cache.layers[layer]
+            keys[index, :, width - part.keys.shape[2]:] = part.keys
+            values[index, :, width - part.values.shape[2]:] = part.values
+            part.keys = part.values = None
+        cache.update(keys, values, layer)
+    return logits, cache, mask
+
+
 class SamplerEngine:
     # a json_schema sample can be continued from its own output (SampleRequest.resumed)
     continues_grammar = True
@@ -302,19 +347,37 @@ class SamplerEngine:
     def _prefill(self, unique: list[tuple[int, ...]]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
         """Run the distinct prompts into a fresh cache; return the last position's logits [P, V] (float32), the
         cache and its attention mask [P, C + N]. Where the prefix cache holds a prompt's first n tokens, their keys
-        and values are copied in (right-aligned in the first C slots, the gap before them masked) and only the
-        rest is run, left-padded in the last N; every prompt is then added to the prefix cache."""
+        and values are copied in and only the rest is run; every prompt is then added to the prefix cache.
+
+        Prompts whose rests differ in length run in separate forwards (`prefill_parts`), each padded only to its
+        own longest rest, and their caches are joined left-padded: a tool-use turn's rests (a reply and a tool's
+        answer) run from 30 to 300 tokens, and one forward padded every row to the longest (32 finance-sql
+        prompts after a branch: 61 s in one forward, 31 s in four, bf16, one thread)."""
         hits: list[tuple[tuple[int, ...] | None, int]] = [(None, 0)] * len(unique)
         if self.prefix_cache is not None:
             if len(unique) > 1:
                 self._cache_shared_prefix(unique)
             hits = [self.prefix_cache.longest(p) for p in unique]
+        parts = prefill_parts([len(p) - n for p, (_, n) in zip(unique, hits)])
+        runs = [self._prefill_run([unique[i] for i in part], [hits[i] for i in part]) for part in parts]
+        if self.prefix_cache is not None:  # after every part ran: a later part may read an entry this replaces
+            for part, (_, cache, mask) in zip(parts, runs):
+                valid = mask.bool()
+                for j, i in enumerate(part):
+                    if len(unique[i]) > MIN_REUSE:
+                        layers = [(layer.keys[j][:, valid[j]], layer.values[j][:, valid[j]]) for layer in cache.layers]
+                        self.prefix_cache.add(unique[i], layers, replaces=hits[i][0])
+        return runs[0] if len(runs) == 1 else _joined(parts, runs)
+
+    def _prefill_run(self, prompts: list[tuple[int, ...]], hits) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """One forward over `prompts`: each hit's n cached positions right-aligned in the first C slots (the gap
+        before them masked), the rest run left-padded in the last N."""
         cached = max(n for _, n in hits)
-        rests = [p[n:] for p, (_, n) in zip(unique, hits)]
+        rests = [p[n:] for p, (_, n) in zip(prompts, hits)]
         width = max(len(r) for r in rests)
-        input_ids = torch.zeros((len(unique), width), dtype=torch.long)
-        mask = torch.zeros((len(unique), cached + width), dtype=torch.long)
-        positions = torch.zeros((len(unique), width), dtype=torch.long)
+        input_ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), cached + width), dtype=torch.long)
+        positions = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, (rest, (_, n)) in enumerate(zip(rests, hits)):
             input_ids[i, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
             positions[i, width - len(rest):] = torch.arange(n, n + len(rest))
@@ -329,12 +392,6 @@ class SamplerEngine:
         else:
             logits_P_V = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
                                     logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1, :].float()
-        if self.prefix_cache is not None:
-            valid = mask.bool()
-            for i, prompt in enumerate(unique):
-                if len(prompt) > MIN_REUSE:
-                    layers = [(layer.keys[i][:, valid[i]], layer.values[i][:, valid[i]]) for layer in cache.layers]
-                    self.prefix_cache.add(prompt, layers, replaces=hits[i][0])
         return logits_P_V, cache, mask
 
     def _fill_cache(self, cache: DynamicCache, hits, cached: int) -> None:
