@@ -1,5 +1,5 @@
 """A tool-use turn's prefill: prompts that extend cached conversations by new tokens of different lengths (a
-reply and a tool's answer), run as one forward padded to the longest, against strop's parts (`sampler.prefill_parts`:
+reply and a tool's answer), run as one forward padded to the longest, against strop's parts (`strop.engine.prefill`:
 prompts by length of what they run, each part padded to its own longest), in one process, alternating.
 
     python benchmarks/prefill_parts.py                    # SmolLM2, 32 prompts after a finance-sql branch
@@ -59,6 +59,7 @@ def main() -> None:
 
     import torch
 
+    import strop.engine.prefill as prefill
     import strop.engine.sampler as sampler
     from strop.engine.precision import kernels
     from strop.models import load_tokenizer
@@ -74,7 +75,7 @@ def main() -> None:
                      for i in range(args.prompts)]
     rests = [rng.choice(args.rests) for _ in conversations]
     prompts = [c + tuple(rng.randrange(100, vocab) for _ in range(r)) for c, r in zip(conversations, rests)]
-    slack = sampler.PREFILL_SLACK
+    slack = prefill.PREFILL_SLACK
 
     cache = engine.prefix_cache
     with torch.inference_mode():
@@ -83,7 +84,7 @@ def main() -> None:
     kept = (cache._entries.copy(), cache.bytes)  # benchmark-only: each run starts from these conversations
 
     def run(parts: bool) -> float:
-        sampler.PREFILL_SLACK = slack if parts else float("inf")
+        prefill.PREFILL_SLACK = slack if parts else float("inf")
         cache._entries, cache.bytes = kept[0].copy(), kept[1]
         t = time.perf_counter()
         with torch.inference_mode():
@@ -94,13 +95,13 @@ def main() -> None:
           f"{load_line()}")
     print(f"{args.prompts} prompts: conversations of {args.shared} + {args.branch} + 100-400 tokens, cached; new "
           f"tokens {sum(rests)} in all, {args.prompts * max(rests)} padded to the longest; parts "
-          f"{[len(p) for p in sampler.prefill_parts(rests)]}")
+          f"{[len(p) for p in prefill.prefill_parts(rests)]}")
     run(False), run(True)
     results = {False: [], True: []}
     for _ in range(args.repeats):
         for parts in (False, True):
             results[parts].append(run(parts))
-    sampler.PREFILL_SLACK = slack
+    prefill.PREFILL_SLACK = slack
     whole, split = (statistics.median(results[p]) for p in (False, True))
     print("| prefill | seconds |")
     print("|---|---|")

@@ -16,7 +16,7 @@ tokens. "decode" is the time in the decode steps alone; "whole" adds the prefill
 - "before": every row keeps its whole prompt, and each layer's attention is torch's SDPA over the query heads
   with enable_gqa=True (strop's bf16 decode until this benchmark was written);
 - "in every row": every row keeps its whole prompt; a key/value head's query heads attend as query positions;
-- "once a group": each group's prefix kept once (`decode.prefix_groups`).
+- "once a group": each group's prefix kept once (`strop.engine.prefix_groups`).
 
 Each figure is the median of --repeats runs after one warm-up of each side.
 Last line: `shared_prefix decode speedup X.XX` (per-row decode seconds over shared, both with today's kernel).
@@ -64,6 +64,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     import strop.engine.decode as decode
+    import strop.engine.prefix_groups as groups
     from strop.engine.precision import kernels
     from strop.engine.sampler import SampleRequest, SamplerEngine
     from strop.models import load_tokenizer
@@ -92,7 +93,7 @@ def main() -> None:
         return out
 
     decode.DecodeState.step = timed_step
-    min_shared, attend_rows = decode.MIN_SHARED, decode._attend_rows
+    min_shared, attend_rows = groups.MIN_SHARED, decode._attend_rows
 
     def attend_before(q_B_K_G_D, keys, values, bias, scale):
         B, kv, groups, hd = q_B_K_G_D.shape
@@ -100,7 +101,7 @@ def main() -> None:
         return F.scaled_dot_product_attention(q_B_Q_1_D, keys, values, attn_mask=bias, scale=scale, enable_gqa=True)
 
     def run(side: str) -> tuple[float, float]:
-        decode.MIN_SHARED = min_shared if side == "once a group" else 1 << 62
+        groups.MIN_SHARED = min_shared if side == "once a group" else 1 << 62
         decode._attend_rows = attend_before if side == "before" else attend_rows
         if engine.prefix_cache is not None:
             engine.prefix_cache.clear()
@@ -120,7 +121,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for side in sides:
             results[side].append(run(side))
-    decode.MIN_SHARED, decode._attend_rows = min_shared, attend_rows
+    groups.MIN_SHARED, decode._attend_rows = min_shared, attend_rows
     print("| keys and values of the prefixes | whole (s) | decode (s) | new tokens/s | decode vs before |")
     print("|---|---|---|---|---|")
     medians = {side: statistics.median(d for _, d in results[side]) for side in sides}

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from strop.engine import prefill as prefill_module
 from strop.engine import sampler as sampler_module
 from strop.engine.decode import LlamaDecoder
 from strop.engine.sampler import AdapterWeights, SampleRequest, SamplerEngine, _Row
@@ -102,7 +103,8 @@ def record_prefixes(monkeypatch):
 def test_a_prefix_every_row_shares_is_kept_once_with_hf_forwards_numbers(engines, monkeypatch, grow):
     """The decode state keeps the batch's common prefix once and each row's own positions beside it (left-padded
     whatever the prompt cache's layout); tokens and logprobs are HF forward's, as rows leave and buffers grow."""
-    from strop.engine.decode import MIN_SHARED, DecodeState
+    from strop.engine.decode import DecodeState
+    from strop.engine.prefix_groups import MIN_SHARED
     monkeypatch.setattr(DecodeState, "GROW", grow)
     fast, plain, tok = engines
     requests = shared_prefix_requests(tok)
@@ -132,7 +134,7 @@ def test_one_prompts_samples_keep_the_whole_prompt_once(engines):
 def test_prefix_groups_keep_what_groups_of_prompts_share():
     """Hand-worked: every prompt starts with a 40-token system prompt; three turns of episodes branched at one
     80-token state share it; one prompt sampled 4 times shares all of itself; the rest share the system prompt."""
-    from strop.engine.decode import prefix_groups
+    from strop.engine.prefix_groups import prefix_groups
     system = list(range(1000, 1040))
     branch = system + list(range(2000, 2040))
     prompts = [branch + [7, 1, 2], system + [5, 5], branch + [8, 1], system + list(range(3000, 3060)),
@@ -171,7 +173,7 @@ def branched_requests(tok):
 def test_groups_sharing_their_own_prefixes_decode_with_hf_forwards_numbers(engines, monkeypatch, fused):
     """Several groups in one batch, each prefix kept once (both ways of attending to it: torch's CPU kernel,
     and the matmuls other devices run); tokens and logprobs are HF forward's as rows leave and buffers grow."""
-    from strop.engine import decode
+    from strop.engine import decode, prefix_groups
     monkeypatch.setattr(decode.DecodeState, "GROW", 4)
     if not fused:
         monkeypatch.setattr(decode, "_CPU_ATTENTION", None)
@@ -182,7 +184,7 @@ def test_groups_sharing_their_own_prefixes_decode_with_hf_forwards_numbers(engin
     [(lengths, kept, own)] = seen
     assert len(lengths) == 3 and lengths == kept  # two branched groups and the rest on the system prompt
     shared = sampler_module.common_prefix([r.prompt_tokens for r in requests])
-    assert min(lengths) == shared and max(lengths) > shared + decode.MIN_SHARED
+    assert min(lengths) == shared and max(lengths) > shared + prefix_groups.MIN_SHARED
     assert own < max(len(r.prompt_tokens) for r in requests) - shared
 
 
@@ -358,7 +360,7 @@ def test_decode_batches_are_cut_to_what_memory_holds(engines, monkeypatch):
 def test_prefill_parts_pad_each_part_to_its_own_longest_rest():
     """Hand-worked: by rest length, a part closes where padding it to the next rest would run more than 1.25
     times its tokens (10, 11, 12 | 95, 100 | 300)."""
-    from strop.engine.sampler import prefill_parts
+    from strop.engine.prefill import prefill_parts
     assert prefill_parts([100, 10, 12, 300, 11, 95]) == [[1, 4, 2], [5, 0], [3]]
     assert prefill_parts([7, 7, 7]) == [[0, 1, 2]] and prefill_parts([5]) == [[0]] and prefill_parts([]) == []
 
@@ -377,7 +379,7 @@ def test_prompts_whose_rests_differ_prefill_in_parts_with_one_forwards_numbers(e
     monkeypatch.setattr(sampler_module, "prefill_parts", lambda rests: (parts.append(original(rests)), parts[-1])[1])
 
     def runs(slack):
-        monkeypatch.setattr(sampler_module, "PREFILL_SLACK", slack)
+        monkeypatch.setattr(prefill_module, "PREFILL_SLACK", slack)
         outs = []
         for engine in (fast, plain):
             engine.prefix_cache.clear()

@@ -13,7 +13,7 @@ model's own modules and weights and runs the step itself:
   up to float summation order;
 - a prefix that several rows' prompts start with is kept once, not once a row: the samples of one prompt share
   all of it, the turns of a GRPO group branched at one state share that state, every prompt of a batch shares
-  its system prompt and tool schemas (`prefix_groups` chooses). Each layer's attention reads each group's prefix
+  its system prompt and tool schemas (`strop.engine.prefix_groups` chooses). Each layer's attention reads each group's prefix
   once for all its rows' queries, then each row's own positions, and joins the two by their log-sum-exps. At
   64 finance-sql rows the keys and values, read whole at every token, are most of a decode step's memory
   traffic;
@@ -43,61 +43,9 @@ LORA_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_att
                 "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
 
 
-# a shared prefix shorter than this is kept in each row: attending to it apart costs a kernel call a layer
-MIN_SHARED = 32
-
 # torch's CPU attention kernel, which also returns each query's log-sum-exp (the public SDPA drops it): attention
 # over a group's shared prefix and over a row's own positions then join exactly
 _CPU_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def common_prefix(prompts: list) -> int:
-    """How many first tokens all the prompts have in common (0 for none)."""
-    if not prompts:
-        return 0
-    first, length = prompts[0], min(len(p) for p in prompts)
-    for prompt in prompts[1:]:
-        length = next((i for i in range(length) if prompt[i] != first[i]), length)
-    return length
-
-
-def prefix_groups(prompts: list, rows: list[int] | None = None) -> list[tuple[int, list[int]]]:
-    """Which prompts' shared first tokens a decode state keeps once: [(length, indices into `prompts`)], each
-    prompt in at most one group, every group's prompts starting with the same `length` tokens. `rows[i]`: how many
-    rows sample prompt i (1 each when None).
-
-    Sorted, prompts that share a long prefix are neighbours. A run of neighbours becomes a group (the samples of
-    one prompt, the turns of episodes branched at one state) while its common prefix stays at least MIN_SHARED
-    longer than the one all the prompts share, and the positions it saves, (rows - 1) x length, are no fewer than
-    the run and the next prompt would save apart. The prompts in no such group form one more group on the prefix
-    every prompt shares, when that is MIN_SHARED or longer (a system prompt and tool schemas)."""
-    if not prompts:
-        return []
-    rows = rows or [1] * len(prompts)
-    every = common_prefix(prompts)
-    order = sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
-    groups, run, length = [], [order[0]], len(prompts[order[0]])
-
-    def close():
-        if sum(rows[i] for i in run) >= 2 and length >= max(every + MIN_SHARED, MIN_SHARED):
-            groups.append((length, sorted(run)))
-
-    for i in order[1:]:
-        joined = min(length, common_prefix([prompts[run[0]], prompts[i]]))
-        members = sum(rows[j] for j in run)
-        alone = (members - 1) * length + (rows[i] - 1) * len(prompts[i])  # saved by two groups
-        if joined >= every + MIN_SHARED and (members + rows[i] - 1) * joined >= alone:
-            run.append(i)
-            length = joined
-        else:
-            close()
-            run, length = [i], len(prompts[i])
-    close()
-    grouped = {i for _, members in groups for i in members}
-    rest = [i for i in range(len(prompts)) if i not in grouped]
-    if rest and every >= MIN_SHARED:
-        groups.append((every, rest))
-    return groups
 
 
 def _fuse(modules: list[torch.nn.Linear]) -> torch.Tensor:
@@ -172,7 +120,7 @@ class LlamaDecoder:
               prefixes: list[tuple[int, list[int]]] = ()) -> "DecodeState":
         """The rows' decode state from a prefill's `cache`, which it empties (`DecodeState`); `rows_of[b]`: the
         cache row that row b starts from (several rows sampling one prompt), None: row b; `prefixes`: (length,
-        cache rows) whose first `length` tokens are the same, kept once (`prefix_groups`)."""
+        cache rows) whose first `length` tokens are the same, kept once (`strop.engine.prefix_groups`)."""
         return DecodeState(self, cache, mask_B_T, max_new, rows_of, prefixes)
 
 

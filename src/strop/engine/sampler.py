@@ -34,9 +34,11 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from strop.engine import unmerged
-from strop.engine.decode import SUPPORTED, LlamaDecoder, common_prefix, prefix_groups  # noqa: F401  (re-exported)
+from strop.engine.decode import SUPPORTED, LlamaDecoder
 from strop.engine.grammar import GRAMMAR_CACHE_SIZE, Grammars, resume  # noqa: F401  (the cache size: re-exported)
 from strop.engine.malloc import keep_freed_memory
+from strop.engine.prefill import joined, prefill_parts
+from strop.engine.prefix_groups import batch_order, common_prefix, prefix_groups  # noqa: F401  (re-exported)
 from strop.engine.prefix_cache import MIN_REUSE, PrefixCache, default_budget
 from strop.engine.resources import available_bytes
 from strop.engine.sample_types import DEFAULT_MAX_TOKENS, AdapterWeights, SampleRequest, row_seed
@@ -60,51 +62,6 @@ LOGIT_SPAN_TOKENS = 1024  # rows x positions projected onto the vocabulary at on
 def cache_keyword(model) -> str:
     """The forward keyword for a KV cache: transformers 5 renamed past_key_values to cache."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-# a prefill part's rows are padded to its longest rest: at most this many times the tokens they run
-PREFILL_SLACK = 1.25
-
-
-def prefill_parts(rests: list[int]) -> list[list[int]]:
-    """The prompts (indices) run in one prefill forward each: by length of what each runs, shortest first, a part
-    closed where padding it to its next row would run more than PREFILL_SLACK times its tokens."""
-    order = sorted(range(len(rests)), key=lambda i: rests[i])
-    parts, part, tokens = [], [], 0
-    for i in order:
-        if part and (len(part) + 1) * rests[i] > PREFILL_SLACK * (tokens + rests[i]):
-            parts.append(part)
-            part, tokens = [], 0
-        part.append(i)
-        tokens += rests[i]
-    return parts + [part] if part else parts
-
-
-def _joined(parts: list[list[int]], runs: list[tuple[torch.Tensor, DynamicCache, torch.Tensor]]
-            ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
-    """One (logits, cache, mask) from each part's, rows back in the order of the indices in `parts`, every part's
-    slots right-aligned (left padding masked); each part's cache is emptied a layer at a time as it is copied."""
-    rows = sum(len(p) for p in parts)
-    width = max(mask.shape[1] for _, _, mask in runs)
-    first_logits, first_cache, first_mask = runs[0]
-    logits = first_logits.new_empty((rows, first_logits.shape[1]))
-    mask = first_mask.new_zeros((rows, width))
-    at = [torch.tensor(part, dtype=torch.long, device=first_mask.device) for part in parts]
-    for index, (part_logits, _, part_mask) in zip(at, runs):
-        logits[index] = part_logits
-        mask[index, width - part_mask.shape[1]:] = part_mask
-    cache = DynamicCache()
-    for layer in range(len(first_cache.layers)):
-        k0 = first_cache.layers[layer].keys
-        keys = k0.new_zeros((rows, k0.shape[1], width, k0.shape[3]))
-        values = torch.zeros_like(keys)
-        for index, (_, part_cache, _) in zip(at, runs):
-            part = part_cache.layers[layer]
-            keys[index, :, width - part.keys.shape[2]:] = part.keys
-            values[index, :, width - part.values.shape[2]:] = part.values
-            part.keys = part.values = None
-        cache.update(keys, values, layer)
-    return logits, cache, mask
 
 
 class SamplerEngine:
@@ -205,21 +162,12 @@ class SamplerEngine:
         rows = []
         for index, request in enumerate(requests):
             rows.extend(self._rows_for(index, request))
-        # prompts that share a prefix (`decode.prefix_groups`): it is kept once for all their rows of a batch
+        # prompts that share a prefix (`strop.engine.prefix_groups`): kept once for all their rows of a batch
         shared = prefix_groups([r.prompt_tokens for r in requests], [r.num_samples for r in requests]) \
             if self._decoder is not None else []
         prefix_of = {i: (g, length) for g, (length, members) in enumerate(shared) for i in members}
-        lengths = [len(r.prompt_tokens) for r in requests]
-        shortest = [min(lengths[i] for i in members) for _, members in shared]
-
-        def place(row: _Row) -> tuple[int, int, int]:
-            # batches of similar prompt length waste less on padding; a group's rows stay together, at the place
-            # of its shortest prompt, so that they share a batch
-            i = row.prompt_index
-            g = prefix_of.get(i, (-1, 0))[0]
-            return (shortest[g] if g >= 0 else lengths[i], g, lengths[i])
-
-        for batch in self._batches(sorted(rows, key=place), requests, prefix_of):
+        place = batch_order([len(r.prompt_tokens) for r in requests], shared)
+        for batch in self._batches(sorted(rows, key=lambda row: place[row.prompt_index]), requests, prefix_of):
             self._generate_batch(batch, [requests[r.prompt_index].prompt_tokens for r in batch],
                                  [prefix_of.get(r.prompt_index) for r in batch])
         responses: list[list[SampledSequence]] = [[] for _ in requests]
@@ -281,17 +229,14 @@ class SamplerEngine:
     @torch.inference_mode()
     def _generate_batch(self, rows: list[_Row], prompts: list[list[int]],
                         prefixes: list[tuple[int, int] | None] | None = None) -> None:
-        """`prefixes[b]`: (group, length) of the prefix row b's prompt shares with other rows' (`prefix_groups`),
-        None for none."""
+        """`prefixes[b]`: (group, length) of the prefix row b's prompt shares with other rows', or None."""
         # prefill each distinct prompt once, then repeat its cache for every row that samples from it
         distinct: dict[tuple[int, ...], int] = {}
         row_to_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         groups: dict[int, tuple[int, set[int]]] = {}
-        placed: set[int] = set()  # a prompt asked for twice is in one group
         for prompt, prefix in zip(row_to_prompt, prefixes or []):
-            if prefix is not None and prompt not in placed:
+            if prefix is not None and all(prompt not in members for _, members in groups.values()):  # one group
                 groups.setdefault(prefix[0], (prefix[1], set()))[1].add(prompt)
-                placed.add(prompt)
         logits_P_V, cache, mask = self._prefill(list(distinct))
         select = torch.tensor(row_to_prompt, dtype=torch.long, device=self.device)
         logits_B_V = logits_P_V[select]
@@ -349,10 +294,8 @@ class SamplerEngine:
         cache and its attention mask [P, C + N]. Where the prefix cache holds a prompt's first n tokens, their keys
         and values are copied in and only the rest is run; every prompt is then added to the prefix cache.
 
-        Prompts whose rests differ in length run in separate forwards (`prefill_parts`), each padded only to its
-        own longest rest, and their caches are joined left-padded: a tool-use turn's rests (a reply and a tool's
-        answer) run from 30 to 300 tokens, and one forward padded every row to the longest (32 finance-sql
-        prompts after a branch: 61 s in one forward, 31 s in four, bf16, one thread)."""
+        Rests of different lengths (a tool-use turn's reply and tool answer: 30-300 tokens) run in separate
+        forwards, each padded only to its own longest (`strop.engine.prefill`: 0.5x the time at 32 prompts)."""
         hits: list[tuple[tuple[int, ...] | None, int]] = [(None, 0)] * len(unique)
         if self.prefix_cache is not None:
             if len(unique) > 1:
@@ -367,7 +310,7 @@ class SamplerEngine:
                     if len(unique[i]) > MIN_REUSE:
                         layers = [(layer.keys[j][:, valid[j]], layer.values[j][:, valid[j]]) for layer in cache.layers]
                         self.prefix_cache.add(unique[i], layers, replaces=hits[i][0])
-        return runs[0] if len(runs) == 1 else _joined(parts, runs)
+        return runs[0] if len(runs) == 1 else joined(parts, runs)
 
     def _prefill_run(self, prompts: list[tuple[int, ...]], hits) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
         """One forward over `prompts`: each hit's n cached positions right-aligned in the first C slots (the gap
