@@ -263,3 +263,14 @@ def median(values: list[float]) -> float:
 
 def now() -> float:
     return time.perf_counter()
+
+
+def count(text: str) -> int:
+    """A whole number from 1 to 100,000, for argparse: sizes of 0 or less measure nothing."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:40]!r}") from None
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"expected 1 to 100000, got {value}")
+    return value

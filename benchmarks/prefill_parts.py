@@ -21,20 +21,9 @@ import random
 import statistics
 import time
 
-from _common import DEFAULT_MODEL, TINY_MODEL, load_line
+from _common import DEFAULT_MODEL, TINY_MODEL, count, load_line
 
 FINANCE_RESTS = "30,60,90,110,130,180,220,277"
-
-
-def count(text: str) -> int:
-    """A whole number of at least 1, for argparse."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:40]!r}") from None
-    if not 1 <= value <= 100_000:
-        raise argparse.ArgumentTypeError(f"expected 1 to 100000, got {value}")
-    return value
 
 
 def lengths(text: str) -> list[int]:

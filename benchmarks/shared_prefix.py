@@ -28,18 +28,7 @@ import argparse
 import statistics
 import time
 
-from _common import DEFAULT_MODEL, TINY_MODEL, load_line
-
-
-def count(text: str) -> int:
-    """A whole number of at least 1, for argparse: sizes of 0 or less measure nothing."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:40]!r}") from None
-    if not 1 <= value <= 100_000:
-        raise argparse.ArgumentTypeError(f"expected 1 to 100000, got {value}")
-    return value
+from _common import DEFAULT_MODEL, TINY_MODEL, count, load_line
 
 
 def main() -> None:
