@@ -361,22 +361,27 @@ def test_prefill_parts_pad_each_part_to_its_own_longest_rest():
     """Hand-worked: by rest length, a part closes where padding it to the next rest would run more than 1.25
     times its tokens (10, 11, 12 | 95, 100 | 300)."""
     from strop.engine.prefill import prefill_parts
-    assert prefill_parts([100, 10, 12, 300, 11, 95]) == [[1, 4, 2], [5, 0], [3]]
+    assert prefill_parts([100, 10, 12, 300, 11, 95]) == [[1, 2, 4], [0, 5], [3]]  # a part's indices ascending
     assert prefill_parts([7, 7, 7]) == [[0, 1, 2]] and prefill_parts([5]) == [[0]] and prefill_parts([]) == []
 
 
 def test_prompts_whose_rests_differ_prefill_in_parts_with_one_forwards_numbers(engines, monkeypatch):
     """Next turns after cached conversations, their new tokens 2 to ~60 long: prefilled in parts (each padded to
-    its own longest), they sample the tokens and logprobs of one forward padded to the longest, in both engines."""
+    its own longest), they sample the tokens and logprobs of one forward padded to the longest, in both engines.
+    The conversations so far differ in length, so the batch's order (by whole prompt) is not the order of what each
+    prompt runs: a single part must give each prompt its own row back (it once gave them in the parts' order)."""
     fast, plain, tok = engines
-    base = [tok.encode("You are a careful analyst. " * 4 + f"Question {i}: what was the revenue?") for i in range(4)]
+    notes = [12, 0, 8, 2]
+    base = [tok.encode("You are a careful analyst. " * 4 + f"Question {i}: what was the revenue?" + " More notes." * n)
+            for i, n in enumerate(notes)]
     tails = [" ok", " The table income has columns year, revenue, cost, margin and notes. " * 3, " no",
              " Error: no such column revenues in income"]
     requests = [SampleRequest(prompt_tokens=b + tok.encode(t), num_samples=2,
                               params=SamplingParams(max_tokens=6, seed=i, stop=[])) for i, (b, t) in enumerate(zip(base, tails))]
-    parts = []
+    parts, rests_seen = [], []
     original = sampler_module.prefill_parts
-    monkeypatch.setattr(sampler_module, "prefill_parts", lambda rests: (parts.append(original(rests)), parts[-1])[1])
+    monkeypatch.setattr(sampler_module, "prefill_parts",
+                        lambda rests: (rests_seen.append(rests), parts.append(original(rests)), parts[-1])[2])
 
     def runs(slack):
         monkeypatch.setattr(prefill_module, "PREFILL_SLACK", slack)
@@ -392,6 +397,7 @@ def test_prompts_whose_rests_differ_prefill_in_parts_with_one_forwards_numbers(e
     parts.clear()
     whole = runs(float("inf"))
     assert max(len(p) for p in parts) == 1
+    assert any(len(r) == 4 and r != sorted(r) for r in rests_seen), rests_seen  # the single part is out of rest order
     for got, want in zip(split, whole):
         assert_same(got, want)
     assert_same(split[0], split[1])

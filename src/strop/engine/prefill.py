@@ -16,16 +16,17 @@ PREFILL_SLACK = 1.25
 
 def prefill_parts(rests: list[int]) -> list[list[int]]:
     """The prompts (indices) run in one prefill forward each: by length of what each runs, shortest first, a part
-    closed where padding it to its next row would run more than PREFILL_SLACK times its tokens."""
+    closed where padding it to its next row would run more than PREFILL_SLACK times its tokens. A part lists its
+    indices in ascending order, so that a single part is the prompts in their own order (its run needs no join)."""
     order = sorted(range(len(rests)), key=lambda i: rests[i])
     parts, part, tokens = [], [], 0
     for i in order:
         if part and (len(part) + 1) * rests[i] > PREFILL_SLACK * (tokens + rests[i]):
-            parts.append(part)
+            parts.append(sorted(part))
             part, tokens = [], 0
         part.append(i)
         tokens += rests[i]
-    return parts + [part] if part else parts
+    return parts + [sorted(part)] if part else parts
 
 
 def joined(parts: list[list[int]], runs: list[tuple[torch.Tensor, DynamicCache, torch.Tensor]]

@@ -310,7 +310,7 @@ class SamplerEngine:
                     if len(unique[i]) > MIN_REUSE:
                         layers = [(layer.keys[j][:, valid[j]], layer.values[j][:, valid[j]]) for layer in cache.layers]
                         self.prefix_cache.add(unique[i], layers, replaces=hits[i][0])
-        return runs[0] if len(runs) == 1 else joined(parts, runs)
+        return runs[0] if parts == [list(range(len(unique)))] else joined(parts, runs)
 
     def _prefill_run(self, prompts: list[tuple[int, ...]], hits) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
         """One forward over `prompts`: each hit's n cached positions right-aligned in the first C slots (the gap
