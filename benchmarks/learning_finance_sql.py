@@ -120,8 +120,11 @@ def main() -> int:
             continue
         if name not in models or (name != "base" and models[name] is None):
             continue  # its training phase did not run yet
+        if args.evaluate is not None and name not in args.evaluate.split(","):
+            continue
         settings = {"model": name, "adapter": models[name], "limit": args.eval_limit, "maxTurns": args.max_turns,
-                    "maxTokens": args.multi_max_tokens if split == "eval-multi" else args.max_tokens}
+                    "maxTokens": args.multi_max_tokens if split == "eval-multi" else args.max_tokens,
+                    **({} if args.dtype == "auto" else {"dtype": args.dtype})}
         done = bench.phase(f"{split}-{name}", settings, lambda split=split, name=name: evals[split](models[name]))
         if done is not None:
             results.setdefault(split, {})[name] = done
@@ -175,6 +178,9 @@ def _cli() -> argparse.ArgumentParser:
     add("--max-turns", type=int, default=6, help="most tool calls per episode")
     add("--eval-limit", type=int, default=None, help="episodes per evaluation (default: every task of the split)")
     add("--base", action="store_true", help="evaluate the base model too (it scored 0 on both splits before)")
+    add("--evaluate", default=None, metavar="NAMES", help="measure only these models (comma-separated: sft, "
+        "grpo-s0, grpo-s0-mix0.1, base), e.g. to run each model's evaluations in a process of its own "
+        "(default: every model)")
     add("--stop-after", type=float, default=100.0, help="start no phase past this many minutes (default: %(default)s)")
     add("--smoke", action="store_true", help="toy sizes: checks the program runs, measures nothing")
     add("--fresh", action="store_true", help="remove OUT first instead of going on from its finished phases")
@@ -261,8 +267,13 @@ def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None,
 
 
 def _episodes(args, env_spec: dict, split: str, adapter: str | None, max_tokens: int) -> dict:
+    started = time.perf_counter()
+
+    def progress(_split, finished, total):  # a line per chunk of episodes: a long evaluation shows it moves
+        if finished == total or finished % 32 == 0:
+            print(f"  {split}: {finished}/{total} episodes, {time.perf_counter() - started:.0f} s", flush=True)
     report = evaluate_env(args.model, "finance-sql", splits=[split], limit=args.eval_limit, options=env_spec,
-                          adapter=adapter, max_tokens=max_tokens, max_turns=args.max_turns)
+                          adapter=adapter, max_tokens=max_tokens, max_turns=args.max_turns, on_progress=progress)
     s = report["splits"][split]
     return {"pass@1": s["pass@1"], "rubrics": {r: s["rubrics"].get(r) for r in RUBRICS},
             "tasks": [e["task"] for e in s["episodes"]], "passed": [bool(e["passed"]) for e in s["episodes"]]}
