@@ -269,9 +269,8 @@ def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None,
 def _episodes(args, env_spec: dict, split: str, adapter: str | None, max_tokens: int) -> dict:
     started = time.perf_counter()
 
-    def progress(_split, finished, total):  # a line per chunk of episodes: a long evaluation shows it moves
-        if finished == total or finished % 32 == 0:
-            print(f"  {split}: {finished}/{total} episodes, {time.perf_counter() - started:.0f} s", flush=True)
+    def progress(_split, finished, total):  # a line a turn: a long evaluation shows that it moves
+        print(f"  {split}: {finished}/{total} episodes finished, {time.perf_counter() - started:.0f} s", flush=True)
     report = evaluate_env(args.model, "finance-sql", splits=[split], limit=args.eval_limit, options=env_spec,
                           adapter=adapter, max_tokens=max_tokens, max_turns=args.max_turns, on_progress=progress)
     s = report["splits"][split]
