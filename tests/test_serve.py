@@ -207,7 +207,8 @@ def test_logprobs_are_served_in_openais_shape(server):
             assert values == sorted(values, reverse=True)
             # greedy: the token taken is the likeliest, with the logprob the teacher-forced pass gives it
             assert place.top_logprobs[0].token == place.token and math.isclose(values[0], place.logprob, abs_tol=1e-3)
-    plain = client.chat.completions.create(model="tiny", messages=ask, max_tokens=2, logprobs=True)
+    # greedy, as above (8 tokens with no stop): sampled at temperature 1 the random model can end after one token
+    plain = client.chat.completions.create(model="tiny", messages=ask, max_tokens=2, temperature=0, logprobs=True)
     assert len(plain.choices[0].logprobs.content) == 2 and plain.choices[0].logprobs.content[0].top_logprobs == []
     assert client.chat.completions.create(model="tiny", messages=ask, max_tokens=2).choices[0].logprobs is None
     for kwargs, says in (({"logprobs": True, "top_logprobs": 21}, "between 0 and 20"),
