@@ -99,6 +99,11 @@ def main() -> int:
     variant = ("" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}") + \
         (f"-mix{args.sft_mix:g}" if args.sft_mix else "")
     names = ["sft", *(f"grpo-s{seed}{variant}" for seed in seeds)]
+    known = {"", *names, *(["base"] if args.base else [])}
+    unknown = sorted(set((args.evaluate or "").split(",")) - known) if args.evaluate is not None else []
+    if unknown:
+        sys.exit(f"--evaluate: no model {', '.join(unknown)} in this run; its models are {', '.join(names)}"
+                 + (", base" if args.base else "") + " (--grpo-seeds, --sft-mix and --scout-temperature name them; --base adds base)")
     order = [("first-query", "sft")]
     for seed, name in zip(seeds, names[1:]):
         order += [("train", name), ("first-query", name)]
