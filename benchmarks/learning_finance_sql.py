@@ -1,8 +1,8 @@
 """Does tool use learn, and does RL add to a supervised warm start? SmolLM2-135M-Instruct in finance-sql: a
 supervised warm start on scripted demonstrations (SFT), then GRPO continued from it (SFT+GRPO, one run per
 --grpo-seeds seed) on its RL pool (the train tasks, none of them a demonstration's, whose first query the warm start
-got right at least twice and missed at least twice in 16 samples: the groups that have something to learn), each evaluated greedily on companies no
-training saw:
+got right at least twice and missed at least twice in 16 samples: the groups that have something to learn), each
+evaluated greedily on companies no training saw:
 
 - first query: from each held-out eval-single task's discovery state (the tables listed and described by the
   scripted agent), is the model's next turn a query whose first value is the answer? One turn a task: the
@@ -16,7 +16,8 @@ behaviour rubrics, and the minutes of every phase.
     python benchmarks/learning_finance_sql.py                        # the default sizes (see --help)
     python benchmarks/learning_finance_sql.py --smoke --out /tmp/lfs  # every phase at toy sizes: the program runs
 
-Phases are kept in OUT/phases/NAME.json as they finish, and running again with the same --out and settings goes
+Phases are kept in OUT/phases/NAME.json as they finish (each full-episode evaluation's transcripts in
+OUT/transcripts/SPLIT-MODEL.jsonl), and running again with the same --out and settings goes
 on from the first unfinished one (a killed SFT or GRPO phase resumes from its checkpoint); --stop-after M starts no
 phase past M minutes of this invocation, so a 2-core budget holds and the next invocation finishes the rest.
 The evaluation splits, their size and the greedy decoding are fixed before any result is seen: they are not
@@ -52,6 +53,7 @@ from strop.tokenizer_utils import get_tokenizer
 
 RUBRICS = ("validToolCalls", "tablesListedFirst", "hallucinatedTables", "hallucinatedColumns", "recoveries",
            "submitted", "turns")
+BRANCH_AT = 3  # the turn GRPO's groups branch at by default: the first query after listing and describing a table
 FIRST_QUERY_AT_ONCE = 64  # discovery states played at a time (each holds a SQLite database)
 
 
@@ -85,25 +87,30 @@ def main() -> int:
         if pool is not None and args.pool_resample:
             pool = bench.phase("pool-resample", {"pool": pool, "samples": args.pool_resample},
                                lambda: _pool_resample(args, env_spec, sft["adapter"], pool))
-    grpo_settings = {"sft": sft, "pool": pool and pool["ids"], "steps": args.grpo_steps, "batch": args.grpo_batch, "group": args.grpo_group,
+    grpo_settings = {"sft": sft, "pool": pool and pool["ids"], "steps": args.grpo_steps, "batch": args.grpo_batch,
+                     "group": args.grpo_group,
                      "lr": args.grpo_lr, "kl": args.kl, "temperature": args.temperature,
                      "branchAtTurn": args.branch_at, "maxTasks": args.max_tasks, "maxTokens": args.max_tokens,
                      **({} if args.scout_temperature is None else {"scoutTemperature": args.scout_temperature}),
                      **({"sftMix": args.sft_mix, "sftMixExamples": args.sft_mix_examples} if args.sft_mix else {})}
-    evals = {"first-query": lambda adapter: _first_query(args, env_spec, adapter),
-             "eval-single": lambda adapter: _episodes(args, env_spec, "eval-single", adapter, args.max_tokens),
-             "eval-multi": lambda adapter: _episodes(args, env_spec, "eval-multi", adapter, args.multi_max_tokens)}
+    evals = {"first-query": lambda adapter, name: _first_query(args, env_spec, adapter),
+             "eval-single": lambda adapter, name: _episodes(args, env_spec, "eval-single", name, adapter,
+                                                            args.max_tokens),
+             "eval-multi": lambda adapter, name: _episodes(args, env_spec, "eval-multi", name, adapter,
+                                                           args.multi_max_tokens)}
     # the cheap measures first and the warm start's once, so that a --stop-after budget keeps the comparisons that
     # matter most: each seed's first-query measure, then full episodes, then the generalisation split
     # a GRPO variant's runs are models of their own (grpo-s0-scout0), beside the default's in the same OUT
-    variant = ("" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}") + \
+    variant = ("" if args.branch_at == BRANCH_AT else f"-branch{args.branch_at}") + \
+        ("" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}") + \
         (f"-mix{args.sft_mix:g}" if args.sft_mix else "")
     names = ["sft", *(f"grpo-s{seed}{variant}" for seed in seeds)]
     known = {"", *names, *(["base"] if args.base else [])}
     unknown = sorted(set((args.evaluate or "").split(",")) - known) if args.evaluate is not None else []
     if unknown:
         sys.exit(f"--evaluate: no model {', '.join(unknown)} in this run; its models are {', '.join(names)}"
-                 + (", base" if args.base else "") + " (--grpo-seeds, --sft-mix and --scout-temperature name them; --base adds base)")
+                 + (", base" if args.base else "") + " (--grpo-seeds, --branch-at, --sft-mix and --scout-temperature "
+                 "name them; --base adds base)")
     order = [("first-query", "sft")]
     for seed, name in zip(seeds, names[1:]):
         order += [("train", name), ("first-query", name)]
@@ -130,7 +137,8 @@ def main() -> int:
         settings = {"model": name, "adapter": models[name], "limit": args.eval_limit, "maxTurns": args.max_turns,
                     "maxTokens": args.multi_max_tokens if split == "eval-multi" else args.max_tokens,
                     **({} if args.dtype == "auto" else {"dtype": args.dtype})}
-        done = bench.phase(f"{split}-{name}", settings, lambda split=split, name=name: evals[split](models[name]))
+        done = bench.phase(f"{split}-{name}", settings,
+                           lambda split=split, name=name: evals[split](models[name], name))
         if done is not None:
             results.setdefault(split, {})[name] = done
     summarize(args, bench, results)
@@ -162,8 +170,10 @@ def _cli() -> argparse.ArgumentParser:
     add("--grpo-batch", type=int, default=4, help="groups with reward variance wanted a step (default: %(default)s)")
     add("--grpo-group", type=int, default=8, help="episodes per task (default: %(default)s)")
     add("--max-tasks", type=int, default=12, help="most tasks dynamic sampling draws a step (default: %(default)s)")
-    add("--branch-at", type=int, default=3, help="turn each group branches at: 3 is the first query after listing "
-        "and describing a table (default: %(default)s; 1: whole-episode groups)")
+    add("--branch-at", type=int, default=BRANCH_AT, help="turn each group branches at: 3 is the first query after "
+        "listing and describing a table; 2 also samples which table to describe, the decision a full episode "
+        "needs right first (1: whole-episode groups). Another turn's runs are the models grpo-sSEED-branchN "
+        "(default: %(default)s)")
     add("--scout-temperature", type=float, default=None, help="the temperature each group's scout plays the turns "
         "before the branch at (0: greedy, the discovery the model's own evaluation makes); its runs are the models "
         "grpo-sSEED-scoutT beside the default's (default: GRPO's temperature)")
@@ -271,7 +281,7 @@ def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None,
     return {"adapter": str(grpo.final_adapter), "steps": steps}
 
 
-def _episodes(args, env_spec: dict, split: str, adapter: str | None, max_tokens: int) -> dict:
+def _episodes(args, env_spec: dict, split: str, name: str, adapter: str | None, max_tokens: int) -> dict:
     started = time.perf_counter()
 
     def progress(_split, finished, total):  # a line a turn: a long evaluation shows that it moves
@@ -279,6 +289,12 @@ def _episodes(args, env_spec: dict, split: str, adapter: str | None, max_tokens:
     report = evaluate_env(args.model, "finance-sql", splits=[split], limit=args.eval_limit, options=env_spec,
                           adapter=adapter, max_tokens=max_tokens, max_turns=args.max_turns, on_progress=progress)
     s = report["splits"][split]
+    kept = args.out / "transcripts" / f"{split}-{name}.jsonl"  # where an episode failed, for whoever reads the result
+    kept.parent.mkdir(exist_ok=True)
+    with kept.open("w") as f:
+        for e in s["episodes"]:
+            f.write(json.dumps({k: e[k] for k in ("task", "gold", "reward", "passed", "transcript")}, default=str)
+                    + "\n")
     return {"pass@1": s["pass@1"], "rubrics": {r: s["rubrics"].get(r) for r in RUBRICS},
             "tasks": [e["task"] for e in s["episodes"]], "passed": [bool(e["passed"]) for e in s["episodes"]]}
 
