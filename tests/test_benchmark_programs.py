@@ -1,0 +1,77 @@
+"""The issue-37 benchmark program (`benchmarks/learning_finance_sql.py`) runs every phase, keeps what it finished, and
+goes on from it: at toy sizes (--smoke) on the tiny random model, as a user runs it (a real subprocess). What it
+measures at full size is in benchmarks/RESULTS.md; here only that the program works."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROGRAM = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_finance_sql.py"
+
+
+def _run(*argv) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-u", str(PROGRAM), *map(str, argv)], capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.fixture(scope="module")
+def smoke(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lfs")
+    argv = ["--smoke", "--model", tiny_model_dir, "--out", out, "--branch-at", "2", "--scout-temperature", "0"]
+    done = _run(*argv)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, argv, done
+
+
+def test_every_phase_runs_and_the_summary_compares_the_models(smoke):
+    out, _, done = smoke
+    summary = json.loads((out / "summary.json").read_text())
+    # a GRPO variant is a model of its own, named by what differs from the defaults (branch turn, scout)
+    model = "grpo-s0-branch2-scout0"
+    for split in ("first-query", "eval-single", "eval-multi"):
+        entry = summary["splits"][split]
+        assert set(entry["passed"]) == {"sft", model}
+        assert all(v.endswith("/6") for v in entry["passed"].values())  # --smoke evaluates 6 tasks
+        assert f"sft vs {model}" in entry["mcnemar"]
+    assert summary["notRun"] == []
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == summary
+
+
+def test_full_episode_evaluations_keep_their_transcripts(smoke):
+    out, _, _ = smoke
+    for split in ("eval-single", "eval-multi"):
+        for model in ("sft", "grpo-s0-branch2-scout0"):
+            rows = [json.loads(line) for line in (out / "transcripts" / f"{split}-{model}.jsonl").open()]
+            phase = json.loads((out / "phases" / f"{split}-{model}.json").read_text())["result"]
+            assert [r["task"] for r in rows] == phase["tasks"]
+            assert [r["passed"] for r in rows] == phase["passed"]
+            assert all(r["transcript"][0]["role"] == "user" for r in rows)
+            assert all(any(m["role"] == "assistant" for m in r["transcript"]) for r in rows)
+
+
+def test_a_second_run_goes_on_from_the_finished_phases(smoke):
+    out, argv, _ = smoke
+    again = _run(*argv)
+    assert again.returncode == 0, again.stderr[-3000:]
+    phases = sorted(p.stem for p in (out / "phases").glob("*.json"))
+    for name in phases:
+        assert f"{name}: finished earlier" in again.stdout
+
+
+def test_settings_that_differ_from_a_kept_phase_are_refused_not_mixed(smoke):
+    out, argv, _ = smoke
+    changed = _run(*argv, "--sft-lr", "1e-3")
+    assert changed.returncode != 0
+    assert "sft.json was made with other settings" in changed.stderr
+
+
+def test_evaluate_names_only_models_of_the_run(smoke):
+    out, argv, _ = smoke
+    wrong = _run(*argv, "--evaluate", "grpo-s0")  # the default's name, not this variant's
+    assert wrong.returncode != 0
+    assert "no model grpo-s0 in this run; its models are sft, grpo-s0-branch2-scout0" in wrong.stderr
