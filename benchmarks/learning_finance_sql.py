@@ -92,6 +92,7 @@ def main() -> int:
                      "lr": args.grpo_lr, "kl": args.kl, "temperature": args.temperature,
                      "branchAtTurn": args.branch_at, "maxTasks": args.max_tasks, "maxTokens": args.max_tokens,
                      **({} if args.scout_temperature is None else {"scoutTemperature": args.scout_temperature}),
+                     **({} if args.scout == "policy" else {"scout": args.scout}),
                      **({"sftMix": args.sft_mix, "sftMixExamples": args.sft_mix_examples} if args.sft_mix else {})}
     evals = {"first-query": lambda adapter, name: _first_query(args, env_spec, adapter),
              "eval-single": lambda adapter, name: _episodes(args, env_spec, "eval-single", name, adapter,
@@ -103,6 +104,7 @@ def main() -> int:
     # a GRPO variant's runs are models of their own (grpo-s0-scout0), beside the default's in the same OUT
     variant = ("" if args.branch_at == BRANCH_AT else f"-branch{args.branch_at}") + \
         ("" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}") + \
+        ("" if args.scout == "policy" else "-reference") + \
         (f"-mix{args.sft_mix:g}" if args.sft_mix else "")
     names = ["sft", *(f"grpo-s{seed}{variant}" for seed in seeds)]
     known = {"", *names, *(["base"] if args.base else [])}
@@ -110,7 +112,7 @@ def main() -> int:
     if unknown:
         sys.exit(f"--evaluate: no model {', '.join(unknown)} in this run; its models are {', '.join(names)}"
                  + (", base" if args.base else "") + " (--grpo-seeds, --branch-at, --sft-mix and --scout-temperature "
-                 "name them; --base adds base)")
+                 "and --scout name them; --base adds base)")
     order = [("first-query", "sft")]
     for seed, name in zip(seeds, names[1:]):
         order += [("train", name), ("first-query", name)]
@@ -177,6 +179,11 @@ def _cli() -> argparse.ArgumentParser:
     add("--scout-temperature", type=float, default=None, help="the temperature each group's scout plays the turns "
         "before the branch at (0: greedy, the discovery the model's own evaluation makes); its runs are the models "
         "grpo-sSEED-scoutT beside the default's (default: GRPO's temperature)")
+    add("--scout", choices=("policy", "reference"), default="policy", help="who plays the turns before each "
+        "group's branch: policy (the model being trained, at --scout-temperature) or reference (finance-sql's "
+        "scripted agent: the tables listed and the needed ones described, the state the pool was probed from and "
+        "the first-query measure starts from); reference runs are the models grpo-sSEED-reference "
+        "(default: %(default)s)")
     add("--sft-mix", type=float, default=None, metavar="W", help="train every GRPO step on --sft-mix-examples of "
         "the warm start's demonstrations too, their cross-entropy times W (the run's sft_mix: PPO-ptx), so the kinds "
         "of question a step's few groups miss stay where SFT put them; its runs are the models grpo-sSEED-mixW "
@@ -268,7 +275,7 @@ def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None,
         max_completion_length=args.max_tokens, learning_rate=args.grpo_lr, lora_rank=args.rank,
         temperature=args.temperature, kl_beta=args.kl, kl_reference="start", variance_on="correctness",
         dynamic_sampling=True, max_tasks_per_step=args.max_tasks, branch_at_turn=args.branch_at,
-        scout_temperature=args.scout_temperature, save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype,
+        scout_temperature=args.scout_temperature, scout=args.scout, save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype,
         **({"sft_mix": demos, "sft_mix_weight": args.sft_mix, "sft_mix_examples": args.sft_mix_examples}
            if args.sft_mix else {})),
         args.out / name, progress=False)

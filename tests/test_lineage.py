@@ -27,7 +27,7 @@ def test_a_run_continues_from_a_tuned_model(workspace, capsys):  # noqa: F811
     assert json.loads(out)["pinned"]["rl"] == {"klReference": "start", "klReferenceModel": first["modelId"],
                                                "varianceOn": None, "warmupSteps": 0,
                                                "dynamicSampling": {"enabled": False, "maxTasksPerStep": None},
-                                               "branchAtTurn": None, "scoutTemperature": None,
+                                               "branchAtTurn": None, "scoutTemperature": None, "scout": "policy",
                                                "identicalTurns": "skip", "sftMix": None,
                                                "lossFn": "importance_sampling", "advantageEstimator": "group-mean",
                                                "lossAggregation": "token-sum", "lossNormalizer": None,

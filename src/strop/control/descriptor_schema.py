@@ -21,7 +21,7 @@ from strop.names import label_problem, registry_ref_problem
 from strop.control.descriptor_checks import cross_field_problems
 from strop.engine.losses import POLICY_LOSSES
 from strop.choices import DTYPE_CHOICES, SAMPLER_CHOICES
-from strop.rl.branching import IDENTICAL_TURNS
+from strop.rl.branching import IDENTICAL_TURNS, SCOUTS
 from strop.rl.config import KL_REFERENCES, ROLLOUT_CORRECTIONS, GRPOConfig
 from strop.rl.loss_choices import ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG
 from strop.scoring.bundles import BUILTINS
@@ -96,6 +96,8 @@ class RLHyperparams(_Strict):
     # turn-level credit (strop.rl.branching): a group branched at a turn; turns the whole group wrote alike
     branch_at_turn: int | None = _setting("branch_at_turn")
     scout_temperature: float | None = _setting("scout_temperature")
+    scout: Literal[SCOUTS] = _field(_default("scout"), accepts='"policy" (the model plays the turns before the branch) '
+                                                             'or "reference" (the environment\'s reference calls)')
     identical_turns: Literal[IDENTICAL_TURNS] = _field(
         _default("identical_turns"), accepts='"auto" (skip them where that changes no gradient: klBeta 0), "skip" or "train"')
     # how rewards become an update (strop.rl.loss_choices; docs/training.md, "Loss choices"): each at the

@@ -145,6 +145,19 @@ class FinanceSQLEnv:
             self._tasks[split] = tasks
         return list(self._tasks[split][:limit] if limit is not None else self._tasks[split])
 
+    def reference_calls(self, task: Task) -> list[ToolCall]:
+        """The calls a good agent makes for `task`, in order: the scripted agent's (`strop.envs.finance_demos`):
+        list_tables, describe_table for each table the question needs, one query that computes the answer, and
+        the answer. A GRPO run with `scout` "reference" branches its groups from them (`strop.rl.branching`)."""
+        from strop.envs.finance_demos import answer_query  # lazy: the demonstrations import this module's kin
+        terms = task.meta["terms"]
+        tables = sorted({t["table"] for t in terms})
+        answer = task.answer + ("%" if task.meta["unit"] == "percent" else "")
+        calls = [("list_tables", {}), *(("describe_table", {"table": t}) for t in tables),
+                 ("run_sql", {"query": answer_query(task.meta["formula"], terms, task.meta["unit"])}),
+                 ("submit_answer", {"answer": answer})]
+        return [ToolCall(name, arguments, f"call_{i}") for i, (name, arguments) in enumerate(calls)]
+
     # -- databases ------------------------------------------------------------------------------------------
 
     def _database_path(self, seed: int, split: str, index: int) -> Path:

@@ -23,6 +23,13 @@ The scout samples at the run's temperature, or at `scout_temperature` when that 
 branches from the state the model's own greedy evaluation would reach rather than from a sampled one that may
 have gone astray before the decision being trained).
 
+With `scout` "reference" the turns before the branch are not sampled: they are the environment's
+`reference_calls(task)` (the calls a known-good agent makes, e.g. finance-sql's scripted agent), each written as
+the model writes a call. Every group then branches from the state a good agent reaches, so the decision at turn
+N is trained where it should be made, not after a sampled mistake that no continuation can repair (the start
+states come from a demonstration, as in Salimans and Chen's "Learning Montezuma's Revenge from a Single
+Demonstration", 2018). A pool chosen by probing that state (a benchmark's) is then trained from that state too.
+
 A scout that ends before turn N (it answered at turn k < N, or its turn limit is below N) branches the group
 at the last turn it reached, k: turns 1 .. k-1 are shared and turn k is sampled G times (k = 1: an ordinary
 group). The scout itself is not trained.
@@ -38,25 +45,30 @@ turn before it was alike).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from strop.errors import StropError
 from strop.rl.limits import LIMITS
+from strop.renderers.tools import hermes_turn
 from strop.rl.rollouts import each_episode, play, play_turns, start_episodes
+from strop.rl.types import Turn
 
 BRANCH_SEED = 500_009  # the members' sampling seeds step past the scouts' (a scout may have sampled turn k too)
 # losses whose gradient on a token is its advantage times a factor fixed by the token and its context: a turn
 # the whole group wrote alike cancels out of them exactly (advantages within a group sum to zero)
 CANCELLING_LOSSES = ("importance_sampling", "cispo")
 IDENTICAL_TURNS = ("auto", "skip", "train")
+SCOUTS = ("policy", "reference")  # who plays the turns before the branch: the model, or the environment's calls
 
 
 def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at: int, max_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_turns: int | None = None,
-                  on_turn=None, scout_temperature: float | None = None) -> list[tuple]:
+                  on_turn=None, scout_temperature: float | None = None, scout: str = "policy") -> list[tuple]:
     """The groups of a step's tasks, each branched at turn `branch_at` (1-based) from one scout's episode.
     `episodes_of(n)` makes n fresh episodes of every task, per task (a source's `episodes(tasks, n)`); the scouts
     are made first and are done with before the members reset the same environments. The scouts sample at
-    `scout_temperature` (0: greedy) when it is given, else at `temperature`, as the members do."""
+    `scout_temperature` (0: greedy) when it is given, else at `temperature`, as the members do; with `scout`
+    "reference" they play the environment's reference calls instead."""
     if branch_at <= 1:
         return play(sampler, renderer, episodes_of(group_size), max_tokens=max_tokens, temperature=temperature,
                     top_p=top_p, seed=seed, max_turns=max_turns, on_turn=on_turn)
@@ -64,9 +76,14 @@ def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at:
     messages = start_episodes(scouts)
     opening = [len(m) for m in messages]
     turns = [[] for _ in scouts]
-    scout_t = temperature if scout_temperature is None else scout_temperature
-    ended = play_turns(sampler, renderer, scouts, messages, turns, max_tokens=max_tokens, temperature=scout_t,
-                       top_p=top_p if scout_t else 1.0, seed=seed, max_turns=min(branch_at - 1, max_turns or branch_at))
+    before = min(branch_at - 1, max_turns or branch_at)
+    if scout == "reference":
+        ended = [_play_reference(renderer, episode, messages[i], turns[i], before)
+                 for i, (_, _, episode) in enumerate(scouts)]
+    else:
+        scout_t = temperature if scout_temperature is None else scout_temperature
+        ended = play_turns(sampler, renderer, scouts, messages, turns, max_tokens=max_tokens, temperature=scout_t,
+                           top_p=top_p if scout_t else 1.0, seed=seed, max_turns=before)
     prefixes = []
     for t, (_, _, scout) in enumerate(scouts):
         limit = min(scout.max_turns, max_turns) if max_turns else scout.max_turns
@@ -84,6 +101,32 @@ def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at:
                   started=[[replayed[t * group_size + k] for k in range(len(group))] for t, group in enumerate(groups)])
     return [tuple(dataclasses.replace(r, shared_turns=len(prefixes[t][1])) for r in group)
             for t, group in enumerate(rolled)]
+
+
+def _play_reference(renderer, episode, messages: list[dict], turns: list, n: int) -> bool:
+    """Play the first `n` of the environment's reference calls for the episode's task (fewer when its turn limit
+    comes first), appending to `messages` and `turns` as a sampled turn would; whether the episode ended."""
+    reference = getattr(episode.env, "reference_calls", None)
+    if reference is None:
+        raise StropError(f"scout (rlHyperparams.scout) \"reference\" plays the environment's reference calls, and "
+                         f"{type(episode.env).__name__} has no reference_calls(task): give the environment one (the "
+                         "calls a good agent makes for a task, as ToolCalls), or use scout \"policy\"")
+    calls = list(reference(episode.task))[:min(n, episode.max_turns)]
+    tokenizer = renderer.tokenizer
+    for i, call in enumerate(calls):
+        text = hermes_turn({"role": "assistant", "content": "", "tool_calls": [{
+            "id": call.id or f"call_{i}", "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}]})["content"]
+        tokens = tuple(tokenizer.encode(text, add_special_tokens=False))
+        # never trained (a shared turn is masked as the prompt is), so it needs no log-probabilities of its own
+        turns.append(Turn(prompt=episode.prompt(renderer, messages), tokens=tokens, logprobs=(0.0,) * len(tokens),
+                          text=text, stop_reason="stop"))
+        messages.append({"role": "assistant", "content": text})
+        observation = episode.act(text)
+        if observation is None:
+            return True
+        messages.append({"role": "tool", "content": observation})
+    return False
 
 
 def _replay(members: list, starts: list[list[dict]], prefixes: list) -> list[tuple[list[dict], list]]:
@@ -149,6 +192,12 @@ def branching_problems(config) -> list[tuple[str, str]]:
     if n is not None and LIMITS["branch_at_turn"].problem(n) is None and config.environment is None:
         p.append(("branch_at_turn", "branches the episodes of a tool-use environment; a dataset's episodes have "
                                     "one turn: set environment, or leave branch_at_turn unset"))
+    if config.scout != "policy" and not config.branch_at_turn:
+        p.append(("scout", f"{config.scout!r} plays the turns before a branch; set branch_at_turn too, or leave scout "
+                           "at \"policy\""))
+    if config.scout == "reference" and config.scout_temperature is not None:
+        p.append(("scout_temperature", "is the temperature the model plays the turns before a branch at, and scout "
+                                       "\"reference\" plays the environment's calls there: leave one of them unset"))
     if config.scout_temperature is not None and not config.branch_at_turn:
         p.append(("scout_temperature", "is the temperature of the episode a branched group is played from; set "
                                        "branch_at_turn too, or leave scout_temperature unset"))

@@ -20,7 +20,7 @@ from strop.rl.limits import LIMITS
 from strop.rl.dynamic_sampling import sampling_problems
 from strop.rl.loss_choices import (ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG,
                                    combination_problems)
-from strop.rl.branching import IDENTICAL_TURNS, branching_problems
+from strop.rl.branching import IDENTICAL_TURNS, SCOUTS, branching_problems
 from strop.rl import task_pool
 from strop.rl.settings import TrainingSettings, setting
 
@@ -107,6 +107,11 @@ class GRPOConfig(TrainingSettings):
                                               "continuations sample at the run's temperature either way",
                                               flag="--scout-temperature", descriptor=_HP + "scoutTemperature",
                                               metavar="T")
+    scout: str = setting("policy", "with branch_at_turn, who plays the turns before the branch: policy (the model "
+                         "being trained, at scout_temperature) or reference (the environment's reference_calls(task), "
+                         "a known-good agent's calls, e.g. finance-sql's scripted one), so every group branches from "
+                         "the state a good agent reaches and the turn trained is the decision made there",
+                         flag="--scout", descriptor=_HP + "scout", choices=SCOUTS)
     identical_turns: str = setting("auto", "turns every episode of a group wrote alike (same context, same tokens): "
                                    "skip leaves them out of the update (no advantage, no trainer compute); train "
                                    "trains them as before; auto skips them where that changes no gradient (loss_fn "

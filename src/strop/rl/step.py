@@ -124,7 +124,8 @@ def sample_step(ctx: StepContext, step: int, items: list, sampler=None, policy_s
             return play_branched(sampler, ctx.renderer, lambda n: ctx.source.episodes(tasks, n),
                                  group_size=config.group_size, branch_at=config.branch_at_turn,
                                  max_tokens=config.max_completion_length, temperature=config.temperature,
-                                 top_p=config.top_p, seed=seed, scout_temperature=config.scout_temperature)
+                                 top_p=config.top_p, seed=seed, scout_temperature=config.scout_temperature,
+                                 scout=config.scout)
         return play(sampler, ctx.renderer, ctx.source.episodes(tasks, config.group_size),
                     max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
                     seed=seed)
