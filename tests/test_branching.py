@@ -261,6 +261,88 @@ def test_scout_temperature_is_checked_with_branch_at_turn():
         GRPOConfig(environment=env, scout_temperature=0.0)
 
 
+def finance_tasks(split="train", kinds=("ratio", "average")):
+    """One finance-sql task of each kind, and the environments a group of 4 and its scout play in."""
+    from strop.envs.finance_sql import FinanceSQLEnv
+    probe = FinanceSQLEnv(seed=0, companies=1)
+    tasks = probe.tasks(split)
+    probe.close()
+    return [next(t for t in tasks if t.meta["kind"] == k) for k in kinds]
+
+
+def test_a_reference_scout_plays_the_environments_calls_and_the_sampler_only_the_continuations(renderer):
+    from strop.envs.finance_sql import FinanceSQLEnv
+    tasks = finance_tasks()
+    envs = [FinanceSQLEnv(seed=0, companies=1) for _ in range(2 * 4)]
+    try:
+        # the continuation, at turn 3: samples 0 and 1 submit the gold answer, 2 and 3 a wrong one
+        answers = {task.prompt: task.answer for task in tasks}
+
+        def submit(turn, j):
+            question = next(q for q in answers if q in sampler.renderer.tokenizer.decode(sampler.requests[-1][2]))
+            return call("submit_answer", answer=answers[question] if j < 2 else "-1")
+        sampler = Scripted(renderer, submit)
+        groups = play_branched(sampler, renderer, episodes_of(envs, tasks), group_size=4, branch_at=3,
+                               max_tokens=64, temperature=0.7, seed=0, scout="reference")
+    finally:
+        for env in envs:
+            env.close()
+    # nothing sampled before the branch: one request a task, of 4 samples, at turn 3 (two replies in its prompt)
+    assert [(turn, n) for turn, n, _ in sampler.requests] == [(2, 4), (2, 4)]
+    for task, group in zip(tasks, groups):
+        table = task.meta["terms"][0]["table"]
+        assert [r.shared_turns for r in group] == [2] * 4
+        assert [t.text for t in group[0].turns[:2]] == [call("list_tables"), call("describe_table", table=table)]
+        assert all(r.turns[:2] == group[0].turns[:2] for r in group)      # the same Turns, token for token
+        assert all(r.messages[:5] == group[0].messages[:5] for r in group)
+        assert group[0].messages[4]["content"].startswith(f"Table {table}:")   # the environment's own answer
+        assert [r.reward for r in group] == [1.1, 1.1, 0.1, 0.1]            # correct + format, a wrong number
+    # the scout's turns are masked as the prompt is: only the submit carries the advantage
+    advantages_G = torch.tensor([0.5, 0.5, -0.5, -0.5])
+    datums = rollout_datums(groups[0], advantages_G)
+    cont = groups[0][0].turns[2].prompt.length
+    for d in datums:
+        adv = d.loss_fn_inputs["advantages"].to_torch().tolist()
+        assert adv[:cont - 1] == [0.0] * (cont - 1) and all(a != 0 for a in adv[cont - 1:])
+
+
+def test_the_reference_calls_of_finance_sql_answer_every_task_correctly():
+    from strop.envs.finance_sql import FinanceSQLEnv
+    env = FinanceSQLEnv(seed=3, companies=1)
+    try:
+        for split in ("train", "eval-single", "eval-multi"):
+            for task in env.tasks(split):
+                env.reset(task)
+                calls = env.reference_calls(task)
+                assert len(calls) <= env.max_turns, task.id
+                for c in calls:
+                    result = env.step(c)
+                assert result.done and env.state()["correct"], (task.id, [c.to_dict() for c in calls])
+    finally:
+        env.close()
+
+
+def test_a_reference_scout_needs_an_environment_with_reference_calls(renderer):
+    envs = [ToyEnv(max_turns=3) for _ in range(3)]
+    with pytest.raises(StropError, match=r'scout \(rlHyperparams.scout\) "reference" plays the environment\'s '
+                                         r"reference calls, and ToyEnv has no reference_calls\(task\)"):
+        play_branched(Scripted(renderer, add_then_answer), renderer, episodes_of(envs, envs[0].tasks("train", 1)),
+                      group_size=2, branch_at=2, max_tokens=64, seed=0, scout="reference")
+
+
+def test_scout_is_checked_with_branch_at_turn_and_scout_temperature():
+    env = {"name": "toy_env:ToyEnv"}
+    assert GRPOConfig(environment=env, branch_at_turn=3, scout="reference").scout == "reference"
+    assert GRPOConfig().scout == "policy"
+    with pytest.raises(StropError, match="scout: must be one of policy, reference, got 'oracle'"):
+        GRPOConfig(environment=env, branch_at_turn=3, scout="oracle")
+    with pytest.raises(StropError, match="scout: 'reference' plays the turns before a branch; set branch_at_turn"):
+        GRPOConfig(environment=env, scout="reference")
+    with pytest.raises(StropError, match='scout_temperature: is the temperature the model plays the turns before '
+                                         'a branch at, and scout "reference" plays the environment\'s calls'):
+        GRPOConfig(environment=env, branch_at_turn=3, scout="reference", scout_temperature=0)
+
+
 def test_the_settings_are_checked_and_named_in_each_front_end():
     env = {"name": "toy_env:ToyEnv"}
     config = GRPOConfig(environment=env, branch_at_turn=3, identical_turns="train")
@@ -287,10 +369,14 @@ def test_the_descriptor_maps_branch_at_turn_and_identical_turns_with_their_paths
     assert config.scout_temperature == 0
     default = validate_descriptor(seed()).to_dict()["config"]["rlHyperparams"]
     assert default["branchAtTurn"] is None and default["identicalTurns"] == "auto"
-    assert default["scoutTemperature"] is None
+    assert default["scoutTemperature"] is None and default["scout"] == "policy"
+    data["config"]["rlHyperparams"].update(scoutTemperature=None, scout="reference")
+    assert validate_descriptor(data).to_grpo_config(None, []).scout == "reference"
 
-    data["config"]["rlHyperparams"].update(branchAtTurn=0, identicalTurns="sometimes", scoutTemperature=11)
+    data["config"]["rlHyperparams"].update(branchAtTurn=0, identicalTurns="sometimes", scoutTemperature=11,
+                                           scout="oracle")
     found = problems(data)
+    assert any(p.startswith('$.config.rlHyperparams.scout: must be "policy"') for p in found), found
     assert any(p.startswith("$.config.rlHyperparams.scoutTemperature: must be a number from 0 to 10") for p in found)
     assert any(p.startswith("$.config.rlHyperparams.branchAtTurn: must be an integer from 1 to 1,000") for p in found)
     assert any(p.startswith('$.config.rlHyperparams.identicalTurns: must be "auto"') for p in found), found
