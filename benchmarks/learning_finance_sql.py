@@ -147,36 +147,63 @@ def main() -> int:
     return 0
 
 
+def _at_least(least: int, most: int | None = None):
+    """An argparse type: a whole number from `least` to `most`, refused before any phase runs."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least or (most is not None and value > most):
+            raise argparse.ArgumentTypeError(f"must be at least {least}" + (f" and at most {most}" if most else "")
+                                             + f", got {value}")
+        return value
+    return parse
+
+
+def _number(least: float, most: float):
+    """An argparse type: a finite number from `least` to `most` (nan and inf are refused)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not least <= value <= most:  # false for nan too
+            raise argparse.ArgumentTypeError(f"must be a number from {least:g} to {most:g}, got {text}")
+        return value
+    return parse
+
+
 def _cli() -> argparse.ArgumentParser:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = cli.add_argument
     add("--model", default=DEFAULT_MODEL)
-    add("--demos", type=int, default=240, help="train-split demonstrations written (default: %(default)s)")
-    add("--mistakes", type=float, default=0.25, help="share of demonstrations that recover from a mistake (its "
+    add("--demos", type=_at_least(1), default=240, help="train-split demonstrations written (default: %(default)s)")
+    add("--mistakes", type=_number(0, 1), default=0.25, help="share of demonstrations that recover from a mistake (its "
         "wrong query carries weight 0)")
-    add("--companies", type=int, default=4, help="companies per split (default: %(default)s)")
-    add("--sft-steps", type=int, default=24)
-    add("--sft-batch", type=int, default=4)
-    add("--sft-lr", type=float, default=5e-4)
-    add("--pool-tasks", type=int, default=96, help="train tasks after the demonstrations' probed for the RL pool: "
+    add("--companies", type=_at_least(1), default=4, help="companies per split (default: %(default)s)")
+    add("--sft-steps", type=_at_least(1), default=24)
+    add("--sft-batch", type=_at_least(1), default=4)
+    add("--sft-lr", type=_number(0, 1), default=5e-4)
+    add("--pool-tasks", type=_at_least(0), default=96, help="train tasks after the demonstrations' probed for the RL pool: "
         "from each one's discovery state the warm start writes --pool-samples first queries, and GRPO draws only "
         "the tasks it solved sometimes but not always (default: %(default)s; 0: GRPO draws from the whole train "
         "split)")
-    add("--pool-samples", type=int, default=8, help="first queries sampled per probed task (default: %(default)s)")
-    add("--pool-resample", type=int, default=8, help="further first queries sampled for each probed task solved at "
+    add("--pool-samples", type=_at_least(1), default=8, help="first queries sampled per probed task (default: %(default)s)")
+    add("--pool-resample", type=_at_least(0), default=8, help="further first queries sampled for each probed task solved at "
         "least once: the pool keeps the tasks then solved at least twice, and at least twice not, of all the "
         "samples (a task seen right once in 8 is mostly rarer than that: a group of 8 at a true 1 in 20 has "
         "variance a third of the time). 0: keep the first probe's 1..K-1 (default: %(default)s)")
     add("--grpo-seeds", default="0,1", help="one GRPO run from the warm start per seed (default: %(default)s)")
-    add("--grpo-steps", type=int, default=5)
-    add("--grpo-batch", type=int, default=4, help="groups with reward variance wanted a step (default: %(default)s)")
-    add("--grpo-group", type=int, default=8, help="episodes per task (default: %(default)s)")
-    add("--max-tasks", type=int, default=12, help="most tasks dynamic sampling draws a step (default: %(default)s)")
-    add("--branch-at", type=int, default=BRANCH_AT, help="turn each group branches at: 3 is the first query after "
+    add("--grpo-steps", type=_at_least(1), default=5)
+    add("--grpo-batch", type=_at_least(1), default=4, help="groups with reward variance wanted a step (default: %(default)s)")
+    add("--grpo-group", type=_at_least(1), default=8, help="episodes per task (default: %(default)s)")
+    add("--max-tasks", type=_at_least(1), default=12, help="most tasks dynamic sampling draws a step (default: %(default)s)")
+    add("--branch-at", type=_at_least(1, 1000), default=BRANCH_AT, help="turn each group branches at: 3 is the first query after "
         "listing and describing a table; 2 also samples which table to describe, the decision a full episode "
         "needs right first (1: whole-episode groups). Another turn's runs are the models grpo-sSEED-branchN "
         "(default: %(default)s)")
-    add("--scout-temperature", type=float, default=None, help="the temperature each group's scout plays the turns "
+    add("--scout-temperature", type=_number(0, 10), default=None, help="the temperature each group's scout plays the turns "
         "before the branch at (0: greedy, the discovery the model's own evaluation makes); its runs are the models "
         "grpo-sSEED-scoutT beside the default's (default: GRPO's temperature)")
     add("--scout", choices=("policy", "reference"), default="policy", help="who plays the turns before each "
@@ -184,26 +211,26 @@ def _cli() -> argparse.ArgumentParser:
         "scripted agent: the tables listed and the needed ones described, the state the pool was probed from and "
         "the first-query measure starts from); reference runs are the models grpo-sSEED-reference "
         "(default: %(default)s)")
-    add("--sft-mix", type=float, default=None, metavar="W", help="train every GRPO step on --sft-mix-examples of "
+    add("--sft-mix", type=_number(0, 1e6), default=None, metavar="W", help="train every GRPO step on --sft-mix-examples of "
         "the warm start's demonstrations too, their cross-entropy times W (the run's sft_mix: PPO-ptx), so the kinds "
         "of question a step's few groups miss stay where SFT put them; its runs are the models grpo-sSEED-mixW "
         "beside the default's (default: none)")
-    add("--sft-mix-examples", type=int, default=4, metavar="N", help="demonstrations an optimizer step adds with "
+    add("--sft-mix-examples", type=_at_least(1), default=4, metavar="N", help="demonstrations an optimizer step adds with "
         "--sft-mix (default: %(default)s)")
-    add("--grpo-lr", type=float, default=5e-5)
-    add("--kl", type=float, default=0.02, help="KL penalty to the warm start (default: %(default)s)")
-    add("--temperature", type=float, default=0.7, help="GRPO sampling temperature (default: %(default)s)")
-    add("--rank", type=int, default=32)
-    add("--max-tokens", type=int, default=160, help="most tokens per model turn (default: %(default)s)")
-    add("--multi-max-tokens", type=int, default=200, help="tokens a turn on eval-multi, whose longest demonstrated "
+    add("--grpo-lr", type=_number(0, 1), default=5e-5)
+    add("--kl", type=_number(0, 1e6), default=0.02, help="KL penalty to the warm start (default: %(default)s)")
+    add("--temperature", type=_number(0, 10), default=0.7, help="GRPO sampling temperature (default: %(default)s)")
+    add("--rank", type=_at_least(1), default=32)
+    add("--max-tokens", type=_at_least(1), default=160, help="most tokens per model turn (default: %(default)s)")
+    add("--multi-max-tokens", type=_at_least(1), default=200, help="tokens a turn on eval-multi, whose longest demonstrated "
         "query needs more (default: %(default)s)")
-    add("--max-turns", type=int, default=6, help="most tool calls per episode")
-    add("--eval-limit", type=int, default=None, help="episodes per evaluation (default: every task of the split)")
+    add("--max-turns", type=_at_least(1), default=6, help="most tool calls per episode")
+    add("--eval-limit", type=_at_least(1), default=None, help="episodes per evaluation (default: every task of the split)")
     add("--base", action="store_true", help="evaluate the base model too (it scored 0 on both splits before)")
     add("--evaluate", default=None, metavar="NAMES", help="measure only these models (comma-separated: sft, "
         "grpo-s0, grpo-s0-mix0.1, base), e.g. to run each model's evaluations in a process of its own "
         "(default: every model)")
-    add("--stop-after", type=float, default=100.0, help="start no phase past this many minutes (default: %(default)s)")
+    add("--stop-after", type=_number(0, 1e7), default=100.0, help="start no phase past this many minutes (default: %(default)s)")
     add("--smoke", action="store_true", help="toy sizes: checks the program runs, measures nothing")
     add("--fresh", action="store_true", help="remove OUT first instead of going on from its finished phases")
     add("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))

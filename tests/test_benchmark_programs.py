@@ -75,3 +75,29 @@ def test_evaluate_names_only_models_of_the_run(smoke):
     wrong = _run(*argv, "--evaluate", "grpo-s0")  # the default's name, not this variant's
     assert wrong.returncode != 0
     assert "no model grpo-s0 in this run; its models are sft, grpo-s0-branch2-scout0" in wrong.stderr
+
+
+def test_a_reference_scout_run_is_a_model_of_its_own_branched_from_the_scripted_discovery(smoke):
+    out, argv, _ = smoke
+    base = [a for a in argv if a not in ("--branch-at", "2", "--scout-temperature", "0")]
+    done = _run(*base, "--scout", "reference", "--evaluate", "sft")  # trains it; evaluates nothing new
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "grpo-s0-branch2-scout0: finished earlier" not in done.stdout   # another variant, not rerun
+    rows = [json.loads(line) for line in (out / "grpo-s0-reference" / "rollouts.jsonl").open()]
+    assert rows and all(r["untrainedTurns"] == 2 for r in rows)            # list_tables, describe_table: shared
+    for r in rows:
+        calls = [m["content"] for m in r["transcript"] if m["role"] == "assistant"][:2]
+        assert '"name": "list_tables"' in calls[0] and '"name": "describe_table"' in calls[1], calls
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--branch-at", "0"], "argument --branch-at: must be at least 1 and at most 1000, got 0"),
+    (["--grpo-group", "-3"], "argument --grpo-group: must be at least 1, got -3"),
+    (["--demos", "ten"], "argument --demos: 'ten' is not a whole number"),
+    (["--kl", "nan"], "argument --kl: must be a number from 0 to 1e+06, got nan"),
+    (["--scout", "oracle"], "argument --scout: invalid choice: 'oracle'"),
+])
+def test_bad_settings_are_refused_before_any_phase_runs(tmp_path, argv, message):
+    done = _run("--out", tmp_path / "out", *argv)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "out").exists()  # nothing made, nothing to clean up
