@@ -33,7 +33,7 @@ CHOICES = {"advantage_estimator": ADVANTAGE_ESTIMATORS, "loss_aggregation": LOSS
 
 def choice_problems(config) -> list[tuple[str, str]]:
     """Each named choice among its accepted values."""
-    return [(name, f"must be one of {', '.join(choices)}, got {getattr(config, name)!r}")
+    return [(name, f"must be one of {', '.join(choices)}, got {repr(getattr(config, name))[:80]}")
             for name, choices in CHOICES.items() if getattr(config, name) not in choices]
 
 

@@ -97,7 +97,7 @@ class TrainingSettings:
         for f in fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
-                found.append((f.name, f"must be one of {', '.join(choices)}, got {getattr(self, f.name)!r}"))
+                found.append((f.name, f"must be one of {', '.join(choices)}, got {repr(getattr(self, f.name))[:80]}"))
         if self.ray is not None:
             found.extend(("ray", problem) for problem in RaySettings.problems(self.ray))
         found.extend(("report_to", problem) for problem in report_to_problems(self.report_to))
