@@ -58,11 +58,19 @@ FIRST_QUERY_AT_ONCE = 64  # discovery states played at a time (each holds a SQLi
 
 
 def main() -> int:
-    args = _cli().parse_args()
+    cli = _cli()
+    args = cli.parse_args()
     if args.smoke:
         args.demos, args.sft_steps, args.grpo_steps, args.grpo_batch, args.grpo_group = 12, 2, 1, 2, 2
         args.max_tasks, args.eval_limit, args.grpo_seeds = 4, 6, "0"
         args.pool_tasks, args.pool_samples, args.pool_resample = 3, 2, 2
+    # the settings GRPO would refuse, refused before the demonstrations, SFT and the pool spend their minutes
+    if args.reference_members >= args.grpo_group:
+        cli.error(f"--reference-members {args.reference_members}: must be fewer than --grpo-group "
+                  f"({args.grpo_group}), so that a group has a sampled episode")
+    if args.reference_members and args.branch_at > 1 and args.scout != "reference":
+        cli.error("--reference-members: the reference members go on from the scout's state with the scripted "
+                  "agent's later calls; with --branch-at above 1, give --scout reference too")
     if args.dtype != "auto":
         os.environ["STROP_DTYPE"] = args.dtype  # the evaluations' samplers too
     seeds = [int(s) for s in args.grpo_seeds.split(",") if s.strip()]
@@ -93,6 +101,7 @@ def main() -> int:
                      "branchAtTurn": args.branch_at, "maxTasks": args.max_tasks, "maxTokens": args.max_tokens,
                      **({} if args.scout_temperature is None else {"scoutTemperature": args.scout_temperature}),
                      **({} if args.scout == "policy" else {"scout": args.scout}),
+                     **({"referenceMembers": args.reference_members} if args.reference_members else {}),
                      **({"sftMix": args.sft_mix, "sftMixExamples": args.sft_mix_examples} if args.sft_mix else {})}
     evals = {"first-query": lambda adapter, name: _first_query(args, env_spec, adapter),
              "eval-single": lambda adapter, name: _episodes(args, env_spec, "eval-single", name, adapter,
@@ -105,14 +114,15 @@ def main() -> int:
     variant = ("" if args.branch_at == BRANCH_AT else f"-branch{args.branch_at}") + \
         ("" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}") + \
         ("" if args.scout == "policy" else "-reference") + \
+        (f"-guide{args.reference_members}" if args.reference_members else "") + \
         (f"-mix{args.sft_mix:g}" if args.sft_mix else "")
     names = ["sft", *(f"grpo-s{seed}{variant}" for seed in seeds)]
     known = {"", *names, *(["base"] if args.base else [])}
     unknown = sorted(set((args.evaluate or "").split(",")) - known) if args.evaluate is not None else []
     if unknown:
         sys.exit(f"--evaluate: no model {', '.join(unknown)} in this run; its models are {', '.join(names)}"
-                 + (", base" if args.base else "") + " (--grpo-seeds, --branch-at, --sft-mix and --scout-temperature "
-                 "and --scout name them; --base adds base)")
+                 + (", base" if args.base else "") + " (--grpo-seeds, --branch-at, --sft-mix, --scout-temperature, "
+                 "--scout and --reference-members name them; --base adds base)")
     order = [("first-query", "sft")]
     for seed, name in zip(seeds, names[1:]):
         order += [("train", name), ("first-query", name)]
@@ -211,6 +221,10 @@ def _cli() -> argparse.ArgumentParser:
         "scripted agent: the tables listed and the needed ones described, the state the pool was probed from and "
         "the first-query measure starts from); reference runs are the models grpo-sSEED-reference "
         "(default: %(default)s)")
+    add("--reference-members", type=_at_least(0), default=0, metavar="N", help="of each GRPO group's --grpo-group "
+        "episodes, N play finance-sql's scripted agent to the end instead of sampling (off-policy guidance, as in "
+        "LUFFY): a group the model fails whole still has a right episode to learn from. With --branch-at above 1 "
+        "it needs --scout reference; its runs are the models grpo-sSEED-...-guideN (default: %(default)s)")
     add("--sft-mix", type=_number(0, 1e6), default=None, metavar="W", help="train every GRPO step on --sft-mix-examples of "
         "the warm start's demonstrations too, their cross-entropy times W (the run's sft_mix: PPO-ptx), so the kinds "
         "of question a step's few groups miss stay where SFT put them; its runs are the models grpo-sSEED-mixW "
@@ -302,7 +316,8 @@ def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None,
         max_completion_length=args.max_tokens, learning_rate=args.grpo_lr, lora_rank=args.rank,
         temperature=args.temperature, kl_beta=args.kl, kl_reference="start", variance_on="correctness",
         dynamic_sampling=True, max_tasks_per_step=args.max_tasks, branch_at_turn=args.branch_at,
-        scout_temperature=args.scout_temperature, scout=args.scout, save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype,
+        scout_temperature=args.scout_temperature, scout=args.scout, reference_members=args.reference_members,
+        save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype,
         **({"sft_mix": demos, "sft_mix_weight": args.sft_mix, "sft_mix_examples": args.sft_mix_examples}
            if args.sft_mix else {})),
         args.out / name, progress=False)

@@ -80,14 +80,17 @@ def test_evaluate_names_only_models_of_the_run(smoke):
 def test_a_reference_scout_run_is_a_model_of_its_own_branched_from_the_scripted_discovery(smoke):
     out, argv, _ = smoke
     base = [a for a in argv if a not in ("--branch-at", "2", "--scout-temperature", "0")]
-    done = _run(*base, "--scout", "reference", "--evaluate", "sft")  # trains it; evaluates nothing new
+    done = _run(*base, "--scout", "reference", "--reference-members", "1", "--evaluate", "sft")  # trains it only
     assert done.returncode == 0, done.stderr[-3000:]
     assert "grpo-s0-branch2-scout0: finished earlier" not in done.stdout   # another variant, not rerun
-    rows = [json.loads(line) for line in (out / "grpo-s0-reference" / "rollouts.jsonl").open()]
+    rows = [json.loads(line) for line in (out / "grpo-s0-reference-guide1" / "rollouts.jsonl").open()]
     assert rows and all(r["untrainedTurns"] == 2 for r in rows)            # list_tables, describe_table: shared
     for r in rows:
         calls = [m["content"] for m in r["transcript"] if m["role"] == "assistant"][:2]
         assert '"name": "list_tables"' in calls[0] and '"name": "describe_table"' in calls[1], calls
+    # one of each group of 2 is the scripted agent's, played to its right answer
+    guides = [r for r in rows if r.get("reference")]
+    assert len(guides) * 2 == len(rows) and all(r["reward"] == 1.1 for r in guides)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -96,6 +99,8 @@ def test_a_reference_scout_run_is_a_model_of_its_own_branched_from_the_scripted_
     (["--demos", "ten"], "argument --demos: 'ten' is not a whole number"),
     (["--kl", "nan"], "argument --kl: must be a number from 0 to 1e+06, got nan"),
     (["--scout", "oracle"], "argument --scout: invalid choice: 'oracle'"),
+    (["--reference-members", "8"], "--reference-members 8: must be fewer than --grpo-group (8)"),
+    (["--reference-members", "1", "--branch-at", "3"], "with --branch-at above 1, give --scout reference too"),
 ])
 def test_bad_settings_are_refused_before_any_phase_runs(tmp_path, argv, message):
     done = _run("--out", tmp_path / "out", *argv)

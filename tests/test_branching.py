@@ -330,6 +330,107 @@ def test_a_reference_scout_needs_an_environment_with_reference_calls(renderer):
                       group_size=2, branch_at=2, max_tokens=64, seed=0, scout="reference")
 
 
+class Pricing(Scripted):
+    """A Scripted sampler that also prices given tokens: each token's logprob is -0.5 (the first, None)."""
+
+    def compute_logprobs_many(self, prompts):
+        self.priced = [p.to_ints() for p in prompts]
+        done = Future()
+        done.set_result([[None] + [-0.5] * (p.length - 1) for p in prompts])
+        return done
+
+
+def test_reference_members_play_the_reference_to_the_end_from_the_branch_and_are_priced_by_the_sampler(renderer):
+    from strop.envs.finance_sql import FinanceSQLEnv
+    tasks = finance_tasks()
+    envs = [FinanceSQLEnv(seed=0, companies=1) for _ in range(2 * 4)]
+    try:
+        sampler = Pricing(renderer, lambda turn, j: call("submit_answer", answer="-1"))   # every sample is wrong
+        groups = play_branched(sampler, renderer, episodes_of(envs, tasks), group_size=4, branch_at=3,
+                               max_tokens=64, temperature=0.7, seed=0, scout="reference", reference_members=1)
+        gold = [[c.to_dict() for c in envs[0].reference_calls(task)] for task in tasks]
+    finally:
+        for env in envs:
+            env.close()
+    # the sampler is asked for 3 continuations a task (the 4th member is the reference), and prices 2 turns a task
+    assert [(turn, n) for turn, n, _ in sampler.requests] == [(2, 3), (2, 3)]
+    assert len(sampler.priced) == 4
+    for task, group, calls in zip(tasks, groups, gold):
+        assert [r.reference for r in group] == [False, False, False, True]
+        assert [r.reward for r in group] == [0.1, 0.1, 0.1, 1.1]      # the reference answers; the samples do not
+        guide = group[3]
+        assert guide.turns[:2] == group[0].turns[:2] and guide.shared_turns == 2   # from the scout's state
+        assert len(guide.turns) == len(calls) == 4
+        import json
+        assert [json.loads(t.text.removeprefix("<tool_call>").removesuffix("</tool_call>"))["name"]
+                for t in guide.turns[2:]] == ["run_sql", "submit_answer"]
+        for t in guide.turns[2:]:   # priced: the logprobs of the reply's own tokens, given the prompt and each other
+            assert t.logprobs == (-0.5,) * len(t.tokens)
+            assert list(t.prompt.to_ints()) + list(t.tokens) in sampler.priced
+        assert guide.turns[0].logprobs == (0.0,) * len(guide.turns[0].tokens)   # the scout's: never trained
+    # the reference's answer query carries the group's advantage, the shared turns none
+    datums = rollout_datums(groups[0], torch.tensor([-0.25, -0.25, -0.25, 0.75]))
+    cont = groups[0][3].turns[2].prompt.length
+    adv = datums[3].loss_fn_inputs["advantages"].to_torch().tolist()
+    assert adv[:cont - 1] == [0.0] * (cont - 1) and all(a == 0.75 for a in adv[cont - 1:cont - 1 + 5])
+
+
+def test_reference_members_of_an_unbranched_group_play_whole_reference_episodes(renderer):
+    from strop.envs.finance_sql import FinanceSQLEnv
+    [task] = finance_tasks(kinds=("value",))
+    envs = [FinanceSQLEnv(seed=0, companies=1) for _ in range(3)]
+    try:
+        sampler = Pricing(renderer, lambda turn, j: call("submit_answer", answer="-1"))
+        [group] = play_branched(sampler, renderer, episodes_of(envs, [task]), group_size=3, branch_at=1,
+                                max_tokens=64, seed=0, reference_members=2)
+        n_calls = len(envs[0].reference_calls(task))
+    finally:
+        for env in envs:
+            env.close()
+    assert [(turn, n) for turn, n, _ in sampler.requests] == [(0, 1)]
+    assert [r.reference for r in group] == [False, True, True] and [r.reward for r in group] == [0.1, 1.1, 1.1]
+    assert all(len(r.turns) == n_calls and r.shared_turns == 0 for r in group[1:])
+    assert all(t.logprobs == (-0.5,) * len(t.tokens) for r in group[1:] for t in r.turns)
+
+
+def test_reference_members_are_checked_against_the_group_the_scout_and_the_source():
+    env = {"name": "toy_env:ToyEnv"}
+    assert GRPOConfig(environment=env, group_size=4, reference_members=3).reference_members == 3
+    assert GRPOConfig(environment=env, branch_at_turn=3, scout="reference", reference_members=1).reference_members == 1
+    assert GRPOConfig().reference_members == 0
+    with pytest.raises(StropError, match=r"reference_members: must be fewer than group_size \(4\): at least one "):
+        GRPOConfig(environment=env, group_size=4, reference_members=4)
+    with pytest.raises(StropError, match='reference_members: go on from the scout\'s state .* set scout "reference"'):
+        GRPOConfig(environment=env, branch_at_turn=3, reference_members=1)
+    with pytest.raises(StropError, match="reference_members: play an environment's reference calls; a dataset has"):
+        GRPOConfig(reference_members=1)
+    with pytest.raises(StropError, match="reference_members: must be an integer from 0 to 1,023"):
+        GRPOConfig(environment=env, reference_members=-1)
+
+
+def test_a_run_with_a_reference_member_learns_where_the_model_fails_and_reports_only_its_samples(
+        tiny_model_dir, tmp_path, capsys):
+    """`strop train` in finance-sql with the tiny random model, which never answers: the reference member makes
+    every group informative, so the step trains, while the reward it reports is the model's own."""
+    import json
+    from strop.cli.main import main
+    run_dir = tmp_path / "run"
+    code = main(["train", "--base-model", str(tiny_model_dir), "--environment", "finance-sql", "--env-option",
+                 "companies=1", "--branch-at-turn", "3", "--scout", "reference", "--reference-members", "1",
+                 "--group-size", "3", "--batch-size", "2", "--steps", "1", "--max-tokens", "8", "--rank", "4",
+                 "--run-dir", str(run_dir), "--quiet", "-o", "json"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((run_dir / "config.json").read_text())["reference_members"] == 1
+    records = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    guides = [r for r in records if r.get("reference")]
+    assert len(records) == 6 and len(guides) == 2
+    assert all(r["reward"] == 1.1 and r["advantage"] > 0 for r in guides)
+    [row] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    sampled = [r["reward"] for r in records if not r.get("reference")]
+    assert row["reward"] == pytest.approx(sum(sampled) / len(sampled)) and row["reward"] < 1.1
+    assert row["zeroVarianceGroups"] == 0 and row["trainedTokens"] > 0
+
+
 def test_scout_is_checked_with_branch_at_turn_and_scout_temperature():
     env = {"name": "toy_env:ToyEnv"}
     assert GRPOConfig(environment=env, branch_at_turn=3, scout="reference").scout == "reference"

@@ -98,6 +98,7 @@ class RLHyperparams(_Strict):
     scout_temperature: float | None = _setting("scout_temperature")
     scout: Literal[SCOUTS] = _field(_default("scout"), accepts='"policy" (the model plays the turns before the branch) '
                                                              'or "reference" (the environment\'s reference calls)')
+    reference_members: int = _setting("reference_members")
     identical_turns: Literal[IDENTICAL_TURNS] = _field(
         _default("identical_turns"), accepts='"auto" (skip them where that changes no gradient: klBeta 0), "skip" or "train"')
     # how rewards become an update (strop.rl.loss_choices; docs/training.md, "Loss choices"): each at the

@@ -52,6 +52,7 @@ from strop.rl.limits import LIMITS
 from strop.renderers.tools import hermes_turn
 from strop.rl.rollouts import each_episode, play, play_turns, start_episodes
 from strop.rl.types import Turn
+from strop.types import ModelInput
 
 BRANCH_SEED = 500_009  # the members' sampling seeds step past the scouts' (a scout may have sampled turn k too)
 # losses whose gradient on a token is its advantage times a factor fixed by the token and its context: a turn
@@ -63,15 +64,24 @@ SCOUTS = ("policy", "reference")  # who plays the turns before the branch: the m
 
 def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at: int, max_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_turns: int | None = None,
-                  on_turn=None, scout_temperature: float | None = None, scout: str = "policy") -> list[tuple]:
+                  on_turn=None, scout_temperature: float | None = None, scout: str = "policy",
+                  reference_members: int = 0) -> list[tuple]:
     """The groups of a step's tasks, each branched at turn `branch_at` (1-based) from one scout's episode.
     `episodes_of(n)` makes n fresh episodes of every task, per task (a source's `episodes(tasks, n)`); the scouts
     are made first and are done with before the members reset the same environments. The scouts sample at
     `scout_temperature` (0: greedy) when it is given, else at `temperature`, as the members do; with `scout`
-    "reference" they play the environment's reference calls instead."""
+    "reference" they play the environment's reference calls instead. The last `reference_members` episodes of
+    each group play the reference calls to the end (from the scout's state) instead of sampling."""
     if branch_at <= 1:
-        return play(sampler, renderer, episodes_of(group_size), max_tokens=max_tokens, temperature=temperature,
-                    top_p=top_p, seed=seed, max_turns=max_turns, on_turn=on_turn)
+        groups = episodes_of(group_size)
+        sampled = [group[:len(group) - reference_members] for group in groups]
+        rolled = play(sampler, renderer, sampled, max_tokens=max_tokens, temperature=temperature,
+                      top_p=top_p, seed=seed, max_turns=max_turns, on_turn=on_turn)
+        if not reference_members:
+            return rolled
+        guides = [(t, k, e) for t, group in enumerate(groups) for k, e in enumerate(group) if k >= len(sampled[t])]
+        played = reference_rollouts(sampler, renderer, guides, [(m, []) for m in start_episodes(guides)], max_turns)
+        return _joined(rolled, played, reference_members)
     scouts = [(t, 0, group[0]) for t, group in enumerate(episodes_of(1))]
     messages = start_episodes(scouts)
     opening = [len(m) for m in messages]
@@ -96,16 +106,55 @@ def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at:
     members = [(t, k, episode) for t, group in enumerate(groups) for k, episode in enumerate(group)]
     starts = start_episodes(members)
     replayed = _replay(members, starts, prefixes)
-    rolled = play(sampler, renderer, groups, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+    sampled = [group[:len(group) - reference_members] for group in groups]
+    at = [0]
+    for group in groups:
+        at.append(at[-1] + len(group))
+    rolled = play(sampler, renderer, sampled, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                   seed=seed + BRANCH_SEED, max_turns=max_turns, on_turn=on_turn,
-                  started=[[replayed[t * group_size + k] for k in range(len(group))] for t, group in enumerate(groups)])
+                  started=[[replayed[at[t] + k] for k in range(len(group))] for t, group in enumerate(sampled)])
+    if reference_members:
+        guides = [i for i, (t, k, _) in enumerate(members) if k >= len(sampled[t])]
+        played = reference_rollouts(sampler, renderer, [members[i] for i in guides], [replayed[i] for i in guides],
+                                    max_turns)
+        rolled = _joined(rolled, played, reference_members)
     return [tuple(dataclasses.replace(r, shared_turns=len(prefixes[t][1])) for r in group)
             for t, group in enumerate(rolled)]
 
 
-def _play_reference(renderer, episode, messages: list[dict], turns: list, n: int) -> bool:
-    """Play the first `n` of the environment's reference calls for the episode's task (fewer when its turn limit
-    comes first), appending to `messages` and `turns` as a sampled turn would; whether the episode ended."""
+def reference_rollouts(sampler, renderer, live: list, started: list, max_turns: int | None = None) -> list:
+    """Episodes (`live`: (group, member, episode) triples, each already `started` as (messages, turns)) played
+    on to their end by the environment's reference calls rather than sampled: the off-policy guides of a group
+    (`reference_members`). Each reference turn is priced under `sampler`'s weights, the weights the step's own
+    episodes were sampled under, so it enters the loss as a sampled turn does."""
+    messages = [list(m) for m, _ in started]
+    turns = [list(t) for _, t in started]
+
+    def play_on(i: int) -> None:
+        episode = live[i][2]
+        limit = min(episode.max_turns, max_turns) if max_turns else episode.max_turns
+        _play_reference(renderer, episode, messages[i], turns[i], limit, skip=len(turns[i]))
+    each_episode(live)(play_on, range(len(live)))
+    fresh = [(i, j) for i in range(len(live)) for j in range(len(started[i][1]), len(turns[i]))]
+    if fresh:
+        whole = [ModelInput.from_ints(turns[i][j].prompt.to_ints() + list(turns[i][j].tokens)) for i, j in fresh]
+        priced = sampler.compute_logprobs_many(whole).result()
+        for (i, j), logprobs in zip(fresh, priced):
+            turn = turns[i][j]
+            turns[i][j] = dataclasses.replace(turn, logprobs=tuple(float(x) for x in logprobs[-len(turn.tokens):]))
+    finished = each_episode(live)(lambda i: live[i][2].finish(turns[i], messages[i]), range(len(live)))
+    return [dataclasses.replace(r, reference=True) for r in finished]
+
+
+def _joined(rolled: list, played: list, per_group: int) -> list[tuple]:
+    """Each group's sampled rollouts followed by its `per_group` reference ones (`played`, group by group)."""
+    return [tuple(group) + tuple(played[t * per_group:(t + 1) * per_group]) for t, group in enumerate(rolled)]
+
+
+def _play_reference(renderer, episode, messages: list[dict], turns: list, n: int, skip: int = 0) -> bool:
+    """Play the environment's reference calls for the episode's task after the first `skip` (already played) up
+    to the `n`th (fewer when its turn limit comes first), appending to `messages` and `turns` as a sampled turn
+    would; whether the episode ended."""
     reference = getattr(episode.env, "reference_calls", None)
     if reference is None:
         raise StropError(f"scout (rlHyperparams.scout) \"reference\" plays the environment's reference calls, and "
@@ -114,11 +163,13 @@ def _play_reference(renderer, episode, messages: list[dict], turns: list, n: int
     calls = list(reference(episode.task))[:min(n, episode.max_turns)]
     tokenizer = renderer.tokenizer
     for i, call in enumerate(calls):
+        if i < skip:
+            continue
         text = hermes_turn({"role": "assistant", "content": "", "tool_calls": [{
             "id": call.id or f"call_{i}", "type": "function",
             "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}]})["content"]
         tokens = tuple(tokenizer.encode(text, add_special_tokens=False))
-        # never trained (a shared turn is masked as the prompt is), so it needs no log-probabilities of its own
+        # a scout's turn is never trained (a shared turn is masked as the prompt is); a guide's is priced after
         turns.append(Turn(prompt=episode.prompt(renderer, messages), tokens=tokens, logprobs=(0.0,) * len(tokens),
                           text=text, stop_reason="stop"))
         messages.append({"role": "assistant", "content": text})
@@ -198,7 +249,24 @@ def branching_problems(config) -> list[tuple[str, str]]:
     if config.scout == "reference" and config.scout_temperature is not None:
         p.append(("scout_temperature", "is the temperature the model plays the turns before a branch at, and scout "
                                        "\"reference\" plays the environment's calls there: leave one of them unset"))
+    r, g = config.reference_members, config.group_size
+    if _count(r, "reference_members") and r:
+        if config.environment is None:
+            p.append(("reference_members", "play an environment's reference calls; a dataset has none: set "
+                                           "environment, or leave reference_members at 0"))
+        if _count(g, "group_size") and r >= g:
+            p.append(("reference_members", f"must be fewer than group_size ({g}): at least one episode of a group is "
+                                           f"sampled (got {r})"))
+        if config.branch_at_turn and config.branch_at_turn > 1 and config.scout != "reference":
+            p.append(("reference_members", "go on from the scout's state with the reference calls after it, so the "
+                                           "turns before the branch must be the reference's too: set scout "
+                                           "\"reference\", or leave reference_members at 0"))
     if config.scout_temperature is not None and not config.branch_at_turn:
         p.append(("scout_temperature", "is the temperature of the episode a branched group is played from; set "
                                        "branch_at_turn too, or leave scout_temperature unset"))
     return p
+
+
+def _count(value, name: str) -> bool:
+    """Whether `value` is a whole number within its setting's range (one that is not is reported by its field)."""
+    return isinstance(value, int) and not isinstance(value, bool) and LIMITS[name].problem(value) is None

@@ -112,6 +112,13 @@ class GRPOConfig(TrainingSettings):
                          "a known-good agent's calls, e.g. finance-sql's scripted one), so every group branches from "
                          "the state a good agent reaches and the turn trained is the decision made there",
                          flag="--scout", descriptor=_HP + "scout", choices=SCOUTS)
+    reference_members: int = setting(0, "of each group's group_size episodes, how many play the environment's "
+                                     "reference_calls(task) to the end instead of sampling (off-policy guidance, as "
+                                     "in LUFFY): a group the model fails whole still has a right episode to learn "
+                                     "from. Their tokens are trained with the advantage they earn, priced under the "
+                                     "weights that sampled the step; the step's reward counts sampled episodes only. "
+                                     "With branch_at_turn, needs scout reference (they go on from its state)",
+                                     flag="--reference-members", descriptor=_HP + "referenceMembers", metavar="N")
     identical_turns: str = setting("auto", "turns every episode of a group wrote alike (same context, same tokens): "
                                    "skip leaves them out of the update (no advantage, no trainer compute); train "
                                    "trains them as before; auto skips them where that changes no gradient (loss_fn "

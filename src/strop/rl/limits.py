@@ -128,6 +128,8 @@ LIMITS: dict[str, Limit] = {
                                                 "step's update", optional=True),
     "branch_at_turn": Limit(1, 1000, True, "an episode of more turns than that outgrows any model's context long "
                                            "before the branch", optional=True),
+    "reference_members": Limit(0, 1023, True, "at least one of a group's episodes (groupSize is at most 1024) "
+                                              "is sampled"),
     "scout_temperature": Limit(0, 10, False, "0 is greedy; past 10 sampling is close to uniform over the "
                                              "vocabulary", optional=True),
     "max_off_policy_steps": Limit(0, 16, True, "rollouts more than 16 updates old describe a policy the trainer has "

@@ -120,12 +120,12 @@ def sample_step(ctx: StepContext, step: int, items: list, sampler=None, policy_s
 
     def played(tasks: list, round_: int) -> list:
         seed = step_seed(config, step) + dynamic_sampling.ROUND_SEED * round_
-        if config.branch_at_turn:
+        if config.branch_at_turn or config.reference_members:
             return play_branched(sampler, ctx.renderer, lambda n: ctx.source.episodes(tasks, n),
-                                 group_size=config.group_size, branch_at=config.branch_at_turn,
+                                 group_size=config.group_size, branch_at=config.branch_at_turn or 1,
                                  max_tokens=config.max_completion_length, temperature=config.temperature,
                                  top_p=config.top_p, seed=seed, scout_temperature=config.scout_temperature,
-                                 scout=config.scout)
+                                 scout=config.scout, reference_members=config.reference_members)
         return play(sampler, ctx.renderer, ctx.source.episodes(tasks, config.group_size),
                     max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
                     seed=seed)
@@ -177,6 +177,7 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
         untrained_G = untrained_turns(group, skip_identical)
         for rollout, advantage, n, pen in zip(group, advantages_G.tolist(), untrained_G, penalties[g]):
             records.append({"step": step, "group": g, "reward": rollout.reward, "advantage": advantage,
+                            **({"reference": True} if rollout.reference else {}),
                             **({"untrainedTurns": n} if n else {}), **({"overlongPenalty": pen} if pen else {}),
                             **ctx.source.record(rollout, ctx.renderer)})
         if g not in kept:
@@ -205,6 +206,8 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
     train_seconds = time.perf_counter() - t1
     clipping = config.loss_fn in CLIPPED_LOSSES
 
+    # what the model did: the reference members' episodes (referenceMembers) are left out of what is reported
+    rollouts = [r for r in rollouts if not r.reference] or rollouts
     turns = [t for r in rollouts for t in r.turns]
     n_tokens = sum(len(t.tokens) for t in turns)
     rewards = [r.reward for r in rollouts]

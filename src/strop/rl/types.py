@@ -55,6 +55,7 @@ class Rollout:
     state: dict = field(default_factory=dict, hash=False)
     info: dict = field(default_factory=dict, hash=False)
     shared_turns: int = 0             # leading turns played once for the whole group (branchAtTurn): not trained
+    reference: bool = False           # played by the environment's reference calls, not sampled (referenceMembers)
 
     @property
     def model_tokens(self) -> int:
