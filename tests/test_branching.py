@@ -471,12 +471,16 @@ def test_the_descriptor_maps_branch_at_turn_and_identical_turns_with_their_paths
     default = validate_descriptor(seed()).to_dict()["config"]["rlHyperparams"]
     assert default["branchAtTurn"] is None and default["identicalTurns"] == "auto"
     assert default["scoutTemperature"] is None and default["scout"] == "policy"
-    data["config"]["rlHyperparams"].update(scoutTemperature=None, scout="reference")
+    data["config"]["rlHyperparams"].update(scoutTemperature=None, scout="reference", referenceMembers=1)
     assert validate_descriptor(data).to_grpo_config(None, []).scout == "reference"
+    assert validate_descriptor(data).to_grpo_config(None, []).reference_members == 1
+    assert default["referenceMembers"] == 0
 
     data["config"]["rlHyperparams"].update(branchAtTurn=0, identicalTurns="sometimes", scoutTemperature=11,
-                                           scout="oracle")
+                                           scout="oracle", referenceMembers=-1)
     found = problems(data)
+    assert any(p.startswith("$.config.rlHyperparams.referenceMembers: must be an integer from 0 to 1,023")
+               for p in found), found
     assert any(p.startswith('$.config.rlHyperparams.scout: must be "policy"') for p in found), found
     assert any(p.startswith("$.config.rlHyperparams.scoutTemperature: must be a number from 0 to 10") for p in found)
     assert any(p.startswith("$.config.rlHyperparams.branchAtTurn: must be an integer from 1 to 1,000") for p in found)
