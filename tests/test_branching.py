@@ -429,6 +429,7 @@ def test_a_run_with_a_reference_member_learns_where_the_model_fails_and_reports_
     sampled = [r["reward"] for r in records if not r.get("reference")]
     assert row["reward"] == pytest.approx(sum(sampled) / len(sampled)) and row["reward"] < 1.1
     assert row["zeroVarianceGroups"] == 0 and row["trainedTokens"] > 0
+    assert row["residentMiB"] > 100 and row["heapFreeMiB"] >= 0      # a model and its trainer are resident
 
 
 def test_scout_is_checked_with_branch_at_turn_and_scout_temperature():

@@ -175,6 +175,15 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") + kept
 
 
+def resident_bytes() -> int | None:
+    """This process's resident memory (its RSS), or None where /proc cannot tell."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def gpu_available_bytes(device: str = "cuda") -> int:
     """Free memory on a CUDA device, or `$STROP_GPU_MEMORY_LIMIT_MB` when set (a run's share of a shared GPU)."""
     limit = _limit_bytes("STROP_GPU_MEMORY_LIMIT_MB")

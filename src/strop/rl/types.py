@@ -115,6 +115,8 @@ class StepMetrics:
     overlongPenalty: float | None = None       # overlong soft-penalty: the mean penalty added to the rollouts' rewards
     updateClippedFractions: list | None = None  # ppo, cispo: per optimizer step, the share of trained tokens clipped
     optimizerSteps: int | None = None          # updatesPerBatch x minibatches (when either is above 1)
+    residentMiB: float | None = None           # the process's resident memory after the step (None: unknown)
+    heapFreeMiB: float | None = None           # of it, memory freed but kept for reuse (strop.engine.malloc)
     judgeCalls: int | None = None              # judge reward terms: calls made since the last step (cache misses)
     judgeCacheHits: int | None = None          # judge reward terms: verdicts taken from the cache instead
     judgeFailures: int | None = None           # judge reward terms: calls that gave no verdict (scored 0.0)
