@@ -33,6 +33,7 @@ from strop.choices import POLICY_LOSSES
 from strop.client import SAMPLE_AS_TRAINER, ServiceClient, require_vllm
 from strop.cluster.settings import RaySettings
 from strop.data import Row, load_rows
+from strop.engine.malloc import release_freed_memory
 from strop.errors import StropError
 from strop.renderers import get_renderer
 from strop.rl import checkpoints
@@ -252,6 +253,7 @@ def _steps(ctx: StepContext, items: list, batches: StepBatches, start_step: int,
                 sampled, waited = ahead.take(step)
                 row = learn_step(ctx, sampled, batches.pass_of(step), waited).as_row()
             log.write_step(row)
+            release_freed_memory()  # what this step's passes freed does not pile up over the run (residentMiB)
             # a run whose updates were mostly NaN fails here, before its checkpoint
             skipped.count(step, row["datums"] > 0, row["updateSkipped"], last=step + 1 == len(batches))
             if bar is not None:
