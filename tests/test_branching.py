@@ -393,6 +393,15 @@ def test_reference_members_of_an_unbranched_group_play_whole_reference_episodes(
     assert all(t.logprobs == (-0.5,) * len(t.tokens) for r in group[1:] for t in r.turns)
 
 
+def test_reference_members_need_an_environment_with_reference_calls(renderer):
+    envs = [ToyEnv(max_turns=3) for _ in range(2)]
+    with pytest.raises(StropError, match=r"referenceMembers \(rlHyperparams.referenceMembers\) plays the "
+                                         r"environment's reference calls, and ToyEnv has no reference_calls\(task\).* "
+                                         r"or leave referenceMembers at 0"):
+        play_branched(Pricing(renderer, add_then_answer), renderer, episodes_of(envs, envs[0].tasks("train", 1)),
+                      group_size=2, branch_at=1, max_tokens=64, seed=0, reference_members=1)
+
+
 def test_reference_members_are_checked_against_the_group_the_scout_and_the_source():
     env = {"name": "toy_env:ToyEnv"}
     assert GRPOConfig(environment=env, group_size=4, reference_members=3).reference_members == 3

@@ -133,7 +133,8 @@ def reference_rollouts(sampler, renderer, live: list, started: list, max_turns: 
     def play_on(i: int) -> None:
         episode = live[i][2]
         limit = min(episode.max_turns, max_turns) if max_turns else episode.max_turns
-        _play_reference(renderer, episode, messages[i], turns[i], limit, skip=len(turns[i]))
+        _play_reference(renderer, episode, messages[i], turns[i], limit, skip=len(turns[i]),
+                        who="referenceMembers (rlHyperparams.referenceMembers)")
     each_episode(live)(play_on, range(len(live)))
     fresh = [(i, j) for i in range(len(live)) for j in range(len(started[i][1]), len(turns[i]))]
     if fresh:
@@ -141,7 +142,7 @@ def reference_rollouts(sampler, renderer, live: list, started: list, max_turns: 
         priced = sampler.compute_logprobs_many(whole).result()
         for (i, j), logprobs in zip(fresh, priced):
             turn = turns[i][j]
-            turns[i][j] = dataclasses.replace(turn, logprobs=tuple(float(x) for x in logprobs[-len(turn.tokens):]))
+            turns[i][j] = dataclasses.replace(turn, logprobs=tuple(float(x) for x in logprobs[turn.prompt.length:]))
     finished = each_episode(live)(lambda i: live[i][2].finish(turns[i], messages[i]), range(len(live)))
     return [dataclasses.replace(r, reference=True) for r in finished]
 
@@ -151,15 +152,17 @@ def _joined(rolled: list, played: list, per_group: int) -> list[tuple]:
     return [tuple(group) + tuple(played[t * per_group:(t + 1) * per_group]) for t, group in enumerate(rolled)]
 
 
-def _play_reference(renderer, episode, messages: list[dict], turns: list, n: int, skip: int = 0) -> bool:
+def _play_reference(renderer, episode, messages: list[dict], turns: list, n: int, skip: int = 0,
+                    who: str = 'scout (rlHyperparams.scout) "reference"') -> bool:
     """Play the environment's reference calls for the episode's task after the first `skip` (already played) up
     to the `n`th (fewer when its turn limit comes first), appending to `messages` and `turns` as a sampled turn
     would; whether the episode ended."""
     reference = getattr(episode.env, "reference_calls", None)
     if reference is None:
-        raise StropError(f"scout (rlHyperparams.scout) \"reference\" plays the environment's reference calls, and "
-                         f"{type(episode.env).__name__} has no reference_calls(task): give the environment one (the "
-                         "calls a good agent makes for a task, as ToolCalls), or use scout \"policy\"")
+        instead = "use scout \"policy\"" if who.startswith("scout") else "leave referenceMembers at 0"
+        raise StropError(f"{who} plays the environment's reference calls, and {type(episode.env).__name__} has no "
+                         "reference_calls(task): give the environment one (the calls a good agent makes for a task, "
+                         f"as ToolCalls), or {instead}")
     calls = list(reference(episode.task))[:min(n, episode.max_turns)]
     tokenizer = renderer.tokenizer
     for i, call in enumerate(calls):
