@@ -402,6 +402,19 @@ def test_reference_members_need_an_environment_with_reference_calls(renderer):
                       group_size=2, branch_at=1, max_tokens=64, seed=0, reference_members=1)
 
 
+class Misreferenced(ToyEnv):
+    def reference_calls(self, task):
+        return [{"name": "add", "arguments": {"a": 1, "b": 2}}]   # a dict, not a ToolCall
+
+
+def test_reference_calls_that_are_not_tool_calls_are_refused_by_name(renderer):
+    envs = [Misreferenced(max_turns=3) for _ in range(2)]
+    with pytest.raises(StropError, match=r"Misreferenced.reference_calls\('.*'\) must return ToolCalls .* one was "
+                                         r"\{'name': 'add'"):
+        play_branched(Pricing(renderer, add_then_answer), renderer, episodes_of(envs, envs[0].tasks("train", 1)),
+                      group_size=2, branch_at=1, max_tokens=64, seed=0, reference_members=1)
+
+
 def test_reference_members_are_checked_against_the_group_the_scout_and_the_source():
     env = {"name": "toy_env:ToyEnv"}
     assert GRPOConfig(environment=env, group_size=4, reference_members=3).reference_members == 3

@@ -52,6 +52,7 @@ from strop.rl.limits import LIMITS
 from strop.renderers.tools import hermes_turn
 from strop.rl.rollouts import each_episode, play, play_turns, start_episodes
 from strop.rl.types import Turn
+from strop.tool_calls import ToolCall
 from strop.types import ModelInput
 
 BRANCH_SEED = 500_009  # the members' sampling seeds step past the scouts' (a scout may have sampled turn k too)
@@ -164,6 +165,11 @@ def _play_reference(renderer, episode, messages: list[dict], turns: list, n: int
                          "reference_calls(task): give the environment one (the calls a good agent makes for a task, "
                          f"as ToolCalls), or {instead}")
     calls = list(reference(episode.task))[:min(n, episode.max_turns)]
+    wrong = next((c for c in calls if not (isinstance(c, ToolCall) and isinstance(c.name, str)
+                                           and isinstance(c.arguments, dict))), None)
+    if wrong is not None:
+        raise StropError(f"{type(episode.env).__name__}.reference_calls({episode.task.id!r}) must return ToolCalls "
+                         f"(strop.tool_calls.ToolCall: a name and a dict of arguments); one was {wrong!r:.120}")
     tokenizer = renderer.tokenizer
     for i, call in enumerate(calls):
         if i < skip:
