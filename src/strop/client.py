@@ -25,7 +25,8 @@ from strop.cluster.settings import RaySettings
 from strop.engine.engine_choice import check_sampler
 from strop.engine.precision import (SAMPLE_AS_TRAINER, check_dtype, engine_facts, gpus_value_problem,
                                     run_device)
-from strop.engine.resources import plan_grpo_memory
+from strop.engine.malloc import kept_free_bytes, release_freed_memory  # noqa: F401  (the loop's, through the client)
+from strop.engine.resources import plan_grpo_memory, resident_bytes
 from strop.engine.vllm_find import require_vllm  # noqa: F401  (the loop checks the sampler through the client)
 from strop.errors import StropError
 from strop.files import check_regular
@@ -331,3 +332,12 @@ class ServiceClient:
 
     def get_server_capabilities(self) -> dict:
         return {"supported_models": [{"model_name": entry.model_id} for entry in CATALOG]}
+
+
+def process_memory() -> dict:
+    """This process's memory in MiB (a strop extension, for a run's metrics): `residentMiB`, and `heapFreeMiB`,
+    what of it the allocator keeps freed for reuse (strop.engine.malloc). None for both where /proc cannot tell."""
+    resident = resident_bytes()
+    if resident is None:
+        return {"residentMiB": None, "heapFreeMiB": None}
+    return {"residentMiB": round(resident / 2**20, 1), "heapFreeMiB": round(kept_free_bytes() / 2**20, 1)}

@@ -30,10 +30,9 @@ from tqdm import tqdm
 
 from strop import model_info, types
 from strop.choices import POLICY_LOSSES
-from strop.client import SAMPLE_AS_TRAINER, ServiceClient, require_vllm
+from strop.client import SAMPLE_AS_TRAINER, ServiceClient, release_freed_memory, require_vllm
 from strop.cluster.settings import RaySettings
 from strop.data import Row, load_rows
-from strop.engine.malloc import release_freed_memory
 from strop.errors import StropError
 from strop.renderers import get_renderer
 from strop.rl import checkpoints

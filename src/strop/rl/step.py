@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from strop import types
-from strop.engine.malloc import kept_free_bytes
-from strop.engine.resources import resident_bytes
+from strop.client import process_memory
 from strop.rl import dynamic_sampling
 from strop.rl import overlong
 from strop.rl.advantages import batch_advantages
@@ -244,16 +243,8 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
         if config.overlong == "soft-penalty" else None,
         updateClippedFractions=update.clipped_shares if clipping else None,
         optimizerSteps=update.optimizer_steps if config.updates_per_batch > 1 or config.minibatches > 1 else None,
-        **_memory(),
+        **process_memory(),
         **ctx.source.metrics(rollouts))
     if ctx.log is not None:
         ctx.log.write_rollouts(records)
     return metrics
-
-
-def _memory() -> dict:
-    """The process's memory after a step, in MiB: resident, and of it what the heap keeps freed for reuse (a
-    growing resident figure with a growing free share is the allocator keeping freed memory, not a leak)."""
-    resident = resident_bytes()
-    return {"residentMiB": None if resident is None else round(resident / 2**20, 1),
-            "heapFreeMiB": round(kept_free_bytes() / 2**20, 1) if resident is not None else None}
