@@ -71,6 +71,9 @@ def main() -> int:
     if args.reference_members and args.branch_at > 1 and args.scout != "reference":
         cli.error("--reference-members: the reference members go on from the scout's state with the scripted "
                   "agent's later calls; with --branch-at above 1, give --scout reference too")
+    if args.reference_when != "always" and not args.reference_members:
+        cli.error(f"--reference-when {args.reference_when}: chooses the groups the reference members play in; "
+                  "give --reference-members N too")
     if args.dtype != "auto":
         os.environ["STROP_DTYPE"] = args.dtype  # the evaluations' samplers too
     seeds = [int(s) for s in args.grpo_seeds.split(",") if s.strip()]
@@ -95,13 +98,15 @@ def main() -> int:
         if pool is not None and args.pool_resample:
             pool = bench.phase("pool-resample", {"pool": pool, "samples": args.pool_resample},
                                lambda: _pool_resample(args, env_spec, sft["adapter"], pool))
-    grpo_settings = {"sft": sft, "pool": pool and pool["ids"], "steps": args.grpo_steps, "batch": args.grpo_batch,
+    trained = pool and (pool["ids"] if args.keep_zero_answers else _without_zero_answers(env_spec, pool["ids"]))
+    grpo_settings = {"sft": sft, "pool": trained, "steps": args.grpo_steps, "batch": args.grpo_batch,
                      "group": args.grpo_group,
                      "lr": args.grpo_lr, "kl": args.kl, "temperature": args.temperature,
                      "branchAtTurn": args.branch_at, "maxTasks": args.max_tasks, "maxTokens": args.max_tokens,
                      **({} if args.scout_temperature is None else {"scoutTemperature": args.scout_temperature}),
                      **({} if args.scout == "policy" else {"scout": args.scout}),
                      **({"referenceMembers": args.reference_members} if args.reference_members else {}),
+                     **({} if args.reference_when == "always" else {"referenceWhen": args.reference_when}),
                      **({"sftMix": args.sft_mix, "sftMixExamples": args.sft_mix_examples} if args.sft_mix else {})}
     evals = {"first-query": lambda adapter, name: _first_query(args, env_spec, adapter),
              "eval-single": lambda adapter, name: _episodes(args, env_spec, "eval-single", name, adapter,
@@ -115,6 +120,7 @@ def main() -> int:
         ("" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}") + \
         ("" if args.scout == "policy" else "-reference") + \
         (f"-guide{args.reference_members}" if args.reference_members else "") + \
+        ("" if args.reference_when == "always" else "-uninformative") + \
         (f"-mix{args.sft_mix:g}" if args.sft_mix else "")
     names = ["sft", *(f"grpo-s{seed}{variant}" for seed in seeds)]
     known = {"", *names, *(["base"] if args.base else [])}
@@ -139,7 +145,7 @@ def main() -> int:
                     continue  # the pool phase did not run yet
                 done = bench.phase(name, {**grpo_settings, "seed": seed},
                                    lambda seed=seed, name=name: _grpo(args, env_spec, sft["adapter"], seed,
-                                                                      pool and pool["ids"], name, demos["file"]))
+                                                                      trained, name, demos["file"]))
                 models[name] = done and done["adapter"]
             continue
         if name not in models or (name != "base" and models[name] is None):
@@ -225,12 +231,18 @@ def _cli() -> argparse.ArgumentParser:
         "episodes, N play finance-sql's scripted agent to the end instead of sampling (off-policy guidance, as in "
         "LUFFY): a group the model fails whole still has a right episode to learn from. With --branch-at above 1 "
         "it needs --scout reference; its runs are the models grpo-sSEED-...-guideN (default: %(default)s)")
+    add("--reference-when", choices=("always", "uninformative"), default="always", help="which groups the "
+        "--reference-members play the scripted agent in: always, or uninformative (only a group whose sampled "
+        "episodes are all wrong or all right: one that would teach nothing; the others sample those episodes too); "
+        "its runs are the models grpo-sSEED-...-guideN-uninformative (default: %(default)s)")
     add("--sft-mix", type=_number(0, 1e6), default=None, metavar="W", help="train every GRPO step on --sft-mix-examples of "
         "the warm start's demonstrations too, their cross-entropy times W (the run's sft_mix: PPO-ptx), so the kinds "
         "of question a step's few groups miss stay where SFT put them; its runs are the models grpo-sSEED-mixW "
         "beside the default's (default: none)")
     add("--sft-mix-examples", type=_at_least(1), default=4, metavar="N", help="demonstrations an optimizer step adds with "
         "--sft-mix (default: %(default)s)")
+    add("--keep-zero-answers", action="store_true", help="let GRPO draw pool tasks whose answer is 0 too, as runs "
+        "before this option did (a wrong query that finds a zero answers them right)")
     add("--grpo-lr", type=_number(0, 1), default=5e-5)
     add("--kl", type=_number(0, 1e6), default=0.02, help="KL penalty to the warm start (default: %(default)s)")
     add("--temperature", type=_number(0, 10), default=0.7, help="GRPO sampling temperature (default: %(default)s)")
@@ -317,6 +329,7 @@ def _grpo(args, env_spec: dict, adapter: str, seed: int, pool: list[str] | None,
         temperature=args.temperature, kl_beta=args.kl, kl_reference="start", variance_on="correctness",
         dynamic_sampling=True, max_tasks_per_step=args.max_tasks, branch_at_turn=args.branch_at,
         scout_temperature=args.scout_temperature, scout=args.scout, reference_members=args.reference_members,
+        reference_when=args.reference_when,
         save_every=1, keep_adapters=1, seed=seed, dtype=args.dtype,
         **({"sft_mix": demos, "sft_mix_weight": args.sft_mix, "sft_mix_examples": args.sft_mix_examples}
            if args.sft_mix else {})),
@@ -384,6 +397,28 @@ def _pool(args, env_spec: dict, adapter: str, demos: dict) -> dict:
     return {"ids": ids, "probed": len(tasks), "solved": solved,
             "kinds": {k: sum(t.meta["kind"] == k for t in tasks if t.id in ids)
                       for k in sorted({t.meta["kind"] for t in tasks})}}
+
+
+def _without_zero_answers(env_spec: dict, ids: list[str]) -> list[str]:
+    """The pool less its tasks whose answer is 0 (a figure the company never reported): a wrong query that finds
+    a zero, such as one year's value for an average of dividends never paid, answers them right, so their groups
+    reward the wrong query."""
+    probe = FinanceSQLEnv(seed=0, **env_spec)
+    try:
+        answers = {t.id: t.answer for t in probe.tasks("train")}
+    finally:
+        probe.close()
+
+    def zero(answer: str) -> bool:
+        try:
+            return float(answer) == 0
+        except ValueError:
+            return False
+    kept = [i for i in ids if not zero(answers[i])]
+    if len(kept) < len(ids):
+        print(f"pool: {len(ids) - len(kept)} task(s) whose answer is 0 left out of GRPO's draws "
+              "(--keep-zero-answers keeps them)", flush=True)
+    return kept or ids
 
 
 def _pool_resample(args, env_spec: dict, adapter: str, pool: dict) -> dict:

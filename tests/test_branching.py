@@ -21,6 +21,7 @@ from strop.rl.episodes import ToolEpisode
 from strop.rl.rollouts import rollout_datums
 from strop.rl.types import Rollout, Turn
 from strop.tokenizer_utils import get_tokenizer
+from strop.tool_calls import ToolCall
 from test_control import home, workspace  # noqa: F401 - fixtures of the control-plane tests
 from toy_env import ToyEnv
 
@@ -391,6 +392,79 @@ def test_reference_members_of_an_unbranched_group_play_whole_reference_episodes(
     assert [r.reference for r in group] == [False, True, True] and [r.reward for r in group] == [0.1, 1.1, 1.1]
     assert all(len(r.turns) == n_calls and r.shared_turns == 0 for r in group[1:])
     assert all(t.logprobs == (-0.5,) * len(t.tokens) for r in group[1:] for t in r.turns)
+
+
+class ByTask(Pricing):
+    """A Pricing sampler whose replies depend on the task: script(question, turn, j), the question being the
+    first of `questions` the prompt holds. It keeps each request's seed."""
+
+    def __init__(self, renderer, questions, script):
+        super().__init__(renderer, lambda turn, j: script(self.question, turn, j))
+        self.questions, self.seeds = questions, []
+
+    def sample(self, prompt, num_samples, sampling_params):
+        text = self.renderer.tokenizer.decode(prompt.to_ints())
+        self.question = next(q for q in self.questions if q in text)
+        self.seeds.append(sampling_params.seed)
+        return super().sample(prompt, num_samples, sampling_params)
+
+
+def test_uninformative_reference_members_guide_only_the_groups_the_model_fails_whole(renderer):
+    """referenceWhen "uninformative": the ratio task's 3 samples are all wrong, so its 4th member plays the
+    reference; the average task's first sample is right, so its 4th member is sampled as well, from the same
+    state, under a seed of its own, and nothing of that group is priced."""
+    from strop.envs.finance_sql import FinanceSQLEnv
+    from strop.rl.dynamic_sampling import informative
+    tasks = finance_tasks()
+    ratio, average = (t.prompt for t in tasks)
+    right = {t.prompt: t.answer + ("%" if t.meta["unit"] == "percent" else "") for t in tasks}
+    envs = [FinanceSQLEnv(seed=0, companies=1) for _ in range(2 * 4)]
+    seen = []
+
+    def guide_where(groups):
+        seen.append([len(g) for g in groups])
+        return [not ok for ok in informative(groups, "correctness")]
+    try:
+        sampler = ByTask(renderer, [ratio, average], lambda question, turn, j: call(
+            "submit_answer", answer=right[question] if question == average and j == 0 else "-1"))
+        groups = play_branched(sampler, renderer, episodes_of(envs, tasks), group_size=4, branch_at=3,
+                               max_tokens=64, temperature=0.7, seed=0, scout="reference", reference_members=1,
+                               guide_where=guide_where)
+    finally:
+        for env in envs:
+            env.close()
+    assert seen == [[3, 3]]          # judged on the sampled members alone
+    # 3 samples a task, then one more for the average task's reserved member; the ratio task's is priced instead
+    assert [(turn, n) for turn, n, _ in sampler.requests] == [(2, 3), (2, 3), (2, 1)]
+    assert len(set(sampler.seeds)) == 3
+    assert len(sampler.priced) == 2   # the ratio guide's run_sql and submit_answer
+    ratio_group, average_group = groups
+    assert [r.reference for r in ratio_group] == [False, False, False, True]
+    assert [r.reward for r in ratio_group] == [0.1, 0.1, 0.1, 1.1]
+    assert [r.reference for r in average_group] == [False] * 4
+    assert [r.reward for r in average_group] == [1.1, 0.1, 0.1, 1.1]   # the 4th sampled: its j = 0 is right
+    assert average_group[3].turns[:2] == average_group[0].turns[:2] and average_group[3].shared_turns == 2
+    assert all(len(group) == 4 for group in groups)
+
+
+class Referenced(ToyEnv):
+    def reference_calls(self, task):
+        a = int(task.prompt.split()[2])
+        return [ToolCall("add", {"a": a, "b": 2}), ToolCall("submit_answer", {"answer": task.answer})]
+
+
+def test_uninformative_reference_members_of_unbranched_groups_sample_where_the_group_has_signal(renderer):
+    """Unbranched: the guided group's reserved member plays the whole reference episode; the other's is sampled
+    from the task's start, its two turns a request of one sample each, seeded apart from its group's first."""
+    envs = [Referenced(max_turns=3) for _ in range(2 * 3)]
+    sampler = ByTask(renderer, ["0 + 2", "1 + 2"], lambda question, turn, j: add_then_answer(turn, j))
+    groups = play_branched(sampler, renderer, episodes_of(envs, envs[0].tasks("train", 2)), group_size=3,
+                           branch_at=1, max_tokens=64, seed=0, reference_members=1,
+                           guide_where=lambda groups: [True, False])       # guide the first group only
+    assert [[r.reference for r in g] for g in groups] == [[False, False, True], [False, False, False]]
+    assert groups[0][2].reward == 1.0 and len(groups[0][2].turns) == 2
+    assert [(turn, n) for turn, n, _ in sampler.requests][-2:] == [(0, 1), (1, 1)]   # the 2nd group's 3rd member
+    assert len(set(sampler.seeds)) == len(sampler.seeds)
 
 
 def test_reference_members_need_an_environment_with_reference_calls(renderer):

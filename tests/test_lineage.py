@@ -28,7 +28,7 @@ def test_a_run_continues_from_a_tuned_model(workspace, capsys):  # noqa: F811
                                                "varianceOn": None, "warmupSteps": 0,
                                                "dynamicSampling": {"enabled": False, "maxTasksPerStep": None},
                                                "branchAtTurn": None, "scoutTemperature": None, "scout": "policy",
-                                               "referenceMembers": 0,
+                                               "referenceMembers": 0, "referenceWhen": "always",
                                                "identicalTurns": "skip", "sftMix": None,
                                                "lossFn": "importance_sampling", "advantageEstimator": "group-mean",
                                                "lossAggregation": "token-sum", "lossNormalizer": None,

@@ -184,7 +184,7 @@ def rl_settings(descriptor: RunDescriptor, pinned: dict) -> dict:
                                 or (4 * hp.batch_size if sampling.enabled else None)},
             "warmupSteps": hp.optimizer.warmup_steps, "branchAtTurn": hp.branch_at_turn,
             "scoutTemperature": hp.scout_temperature, "scout": hp.scout,
-            "referenceMembers": hp.reference_members,
+            "referenceMembers": hp.reference_members, "referenceWhen": hp.reference_when,
             "identicalTurns": "skip" if skipped else "train", "sftMix": _pinned_mix(hp.sft_mix),
             # how rewards become the update: estimator, aggregation, overlong handling, ratio, clip, passes
             **pinned_settings(SimpleNamespace(**hp.model_dump(), loss_fn_config={}))}

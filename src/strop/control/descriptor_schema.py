@@ -21,7 +21,7 @@ from strop.names import label_problem, registry_ref_problem
 from strop.control.descriptor_checks import cross_field_problems
 from strop.engine.losses import POLICY_LOSSES
 from strop.choices import DTYPE_CHOICES, SAMPLER_CHOICES
-from strop.rl.branching import IDENTICAL_TURNS, SCOUTS
+from strop.rl.branching import IDENTICAL_TURNS, REFERENCE_WHEN, SCOUTS
 from strop.rl.config import KL_REFERENCES, ROLLOUT_CORRECTIONS, GRPOConfig
 from strop.rl.loss_choices import ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG
 from strop.scoring.bundles import BUILTINS
@@ -99,6 +99,9 @@ class RLHyperparams(_Strict):
     scout: Literal[SCOUTS] = _field(_default("scout"), accepts='"policy" (the model plays the turns before the branch) '
                                                              'or "reference" (the environment\'s reference calls)')
     reference_members: int = _setting("reference_members")
+    reference_when: Literal[REFERENCE_WHEN] = _field(
+        _default("reference_when"), accepts='"always" (every group) or "uninformative" (only a group whose sampled '
+                                            'episodes all score alike)')
     identical_turns: Literal[IDENTICAL_TURNS] = _field(
         _default("identical_turns"), accepts='"auto" (skip them where that changes no gradient: klBeta 0), "skip" or "train"')
     # how rewards become an update (strop.rl.loss_choices; docs/training.md, "Loss choices"): each at the

@@ -56,23 +56,27 @@ from strop.tool_calls import ToolCall
 from strop.types import ModelInput
 
 BRANCH_SEED = 500_009  # the members' sampling seeds step past the scouts' (a scout may have sampled turn k too)
+RESERVED_SEED = 300_007  # a group's reserved members, sampled where it is not guided, step past its other members'
 # losses whose gradient on a token is its advantage times a factor fixed by the token and its context: a turn
 # the whole group wrote alike cancels out of them exactly (advantages within a group sum to zero)
 CANCELLING_LOSSES = ("importance_sampling", "cispo")
 IDENTICAL_TURNS = ("auto", "skip", "train")
 SCOUTS = ("policy", "reference")  # who plays the turns before the branch: the model, or the environment's calls
+REFERENCE_WHEN = ("always", "uninformative")  # the groups reference members play the reference in
 
 
 def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at: int, max_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_turns: int | None = None,
                   on_turn=None, scout_temperature: float | None = None, scout: str = "policy",
-                  reference_members: int = 0) -> list[tuple]:
+                  reference_members: int = 0, guide_where=None) -> list[tuple]:
     """The groups of a step's tasks, each branched at turn `branch_at` (1-based) from one scout's episode.
     `episodes_of(n)` makes n fresh episodes of every task, per task (a source's `episodes(tasks, n)`); the scouts
     are made first and are done with before the members reset the same environments. The scouts sample at
     `scout_temperature` (0: greedy) when it is given, else at `temperature`, as the members do; with `scout`
     "reference" they play the environment's reference calls instead. The last `reference_members` episodes of
-    each group play the reference calls to the end (from the scout's state) instead of sampling."""
+    each group play the reference calls to the end (from the scout's state) instead of sampling; with
+    `guide_where` (the groups of sampled rollouts -> per group, whether to guide it) only in the groups it names,
+    and the other groups sample those episodes too."""
     if branch_at <= 1:
         groups = episodes_of(group_size)
         sampled = [group[:len(group) - reference_members] for group in groups]
@@ -80,9 +84,9 @@ def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at:
                       top_p=top_p, seed=seed, max_turns=max_turns, on_turn=on_turn)
         if not reference_members:
             return rolled
-        guides = [(t, k, e) for t, group in enumerate(groups) for k, e in enumerate(group) if k >= len(sampled[t])]
-        played = reference_rollouts(sampler, renderer, guides, [(m, []) for m in start_episodes(guides)], max_turns)
-        return _joined(rolled, played, reference_members)
+        reserved = [(t, k, e) for t, group in enumerate(groups) for k, e in enumerate(group) if k >= len(sampled[t])]
+        return _guided(sampler, renderer, rolled, reserved, None, guide_where, max_turns=max_turns,
+                       max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
     scouts = [(t, 0, group[0]) for t, group in enumerate(episodes_of(1))]
     messages = start_episodes(scouts)
     opening = [len(m) for m in messages]
@@ -115,10 +119,10 @@ def play_branched(sampler, renderer, episodes_of, *, group_size: int, branch_at:
                   seed=seed + BRANCH_SEED, max_turns=max_turns, on_turn=on_turn,
                   started=[[replayed[at[t] + k] for k in range(len(group))] for t, group in enumerate(sampled)])
     if reference_members:
-        guides = [i for i, (t, k, _) in enumerate(members) if k >= len(sampled[t])]
-        played = reference_rollouts(sampler, renderer, [members[i] for i in guides], [replayed[i] for i in guides],
-                                    max_turns)
-        rolled = _joined(rolled, played, reference_members)
+        reserved = [i for i, (t, k, _) in enumerate(members) if k >= len(sampled[t])]
+        rolled = _guided(sampler, renderer, rolled, [members[i] for i in reserved], [replayed[i] for i in reserved],
+                         guide_where, max_turns=max_turns, max_tokens=max_tokens, temperature=temperature,
+                         top_p=top_p, seed=seed + BRANCH_SEED)
     return [tuple(dataclasses.replace(r, shared_turns=len(prefixes[t][1])) for r in group)
             for t, group in enumerate(rolled)]
 
@@ -148,9 +152,31 @@ def reference_rollouts(sampler, renderer, live: list, started: list, max_turns: 
     return [dataclasses.replace(r, reference=True) for r in finished]
 
 
-def _joined(rolled: list, played: list, per_group: int) -> list[tuple]:
-    """Each group's sampled rollouts followed by its `per_group` reference ones (`played`, group by group)."""
-    return [tuple(group) + tuple(played[t * per_group:(t + 1) * per_group]) for t, group in enumerate(rolled)]
+def _guided(sampler, renderer, rolled: list, reserved: list, started: list | None, guide_where, *,
+            max_turns: int | None, seed: int, **sampling) -> list[tuple]:
+    """Each group's sampled rollouts (`rolled`) followed by its reserved episodes (`reserved`: (group, member,
+    episode) triples, `started` as (messages, turns), or None: from the start), played on by the reference calls
+    in the groups `guide_where(rolled)` names (all when it is None) and sampled in the others, seeded past the
+    group's other members (`RESERVED_SEED`)."""
+    guide = [True] * len(rolled) if guide_where is None else list(guide_where(rolled))
+    started = started or [(m, []) for m in start_episodes(reserved)]
+    guides = [i for i, (t, _, _) in enumerate(reserved) if guide[t]]
+    rest = [i for i, (t, _, _) in enumerate(reserved) if not guide[t]]
+    played = reference_rollouts(sampler, renderer, [reserved[i] for i in guides], [started[i] for i in guides],
+                                max_turns)
+    order = list(guides)
+    if rest:
+        # groups keep their index, so each group's sampling seed is its own; a guided group's list is empty
+        picks = [[i for i in rest if reserved[i][0] == t] for t in range(len(rolled))]
+        played += [r for group in play(sampler, renderer, [[reserved[i][2] for i in pick] for pick in picks],
+                                       seed=seed + RESERVED_SEED, max_turns=max_turns,
+                                       started=[[started[i] for i in pick] for pick in picks], **sampling)
+                   for r in group]
+        order += [i for pick in picks for i in pick]
+    after = [[] for _ in rolled]
+    for i, rollout in zip(order, played):
+        after[reserved[i][0]].append(rollout)
+    return [tuple(group) + tuple(more) for group, more in zip(rolled, after)]
 
 
 def _play_reference(renderer, episode, messages: list[dict], turns: list, n: int, skip: int = 0,
@@ -270,6 +296,9 @@ def branching_problems(config) -> list[tuple[str, str]]:
             p.append(("reference_members", "go on from the scout's state with the reference calls after it, so the "
                                            "turns before the branch must be the reference's too: set scout "
                                            "\"reference\", or leave reference_members at 0"))
+    if config.reference_when != "always" and not r:
+        p.append(("reference_when", f"{config.reference_when!r} chooses the groups the reference members play in; "
+                                    "set reference_members too, or leave reference_when at \"always\""))
     if config.scout_temperature is not None and not config.branch_at_turn:
         p.append(("scout_temperature", "is the temperature of the episode a branched group is played from; set "
                                        "branch_at_turn too, or leave scout_temperature unset"))

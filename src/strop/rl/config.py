@@ -20,7 +20,7 @@ from strop.rl.limits import LIMITS
 from strop.rl.dynamic_sampling import sampling_problems
 from strop.rl.loss_choices import (ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS, OVERLONG,
                                    combination_problems)
-from strop.rl.branching import IDENTICAL_TURNS, SCOUTS, branching_problems
+from strop.rl.branching import IDENTICAL_TURNS, REFERENCE_WHEN, SCOUTS, branching_problems
 from strop.rl import task_pool
 from strop.rl.settings import TrainingSettings, setting
 
@@ -119,6 +119,12 @@ class GRPOConfig(TrainingSettings):
                                      "weights that sampled the step; the step's reward counts sampled episodes only. "
                                      "With branch_at_turn, needs scout reference (they go on from its state)",
                                      flag="--reference-members", descriptor=_HP + "referenceMembers", metavar="N")
+    reference_when: str = setting("always", "which groups the reference_members play the reference calls in: "
+                                  "always (every group), or uninformative (only a group whose sampled episodes all "
+                                  "score alike on variance_on, which would teach nothing: one the model fails whole; "
+                                  "the other groups sample those episodes too, so a group the model half solves "
+                                  "learns from its own episodes alone)", flag="--reference-when",
+                                  descriptor=_HP + "referenceWhen", choices=REFERENCE_WHEN)
     identical_turns: str = setting("auto", "turns every episode of a group wrote alike (same context, same tokens): "
                                    "skip leaves them out of the update (no advantage, no trainer compute); train "
                                    "trains them as before; auto skips them where that changes no gradient (loss_fn "

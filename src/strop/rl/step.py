@@ -126,10 +126,16 @@ def sample_step(ctx: StepContext, step: int, items: list, sampler=None, policy_s
                                  group_size=config.group_size, branch_at=config.branch_at_turn or 1,
                                  max_tokens=config.max_completion_length, temperature=config.temperature,
                                  top_p=config.top_p, seed=seed, scout_temperature=config.scout_temperature,
-                                 scout=config.scout, reference_members=config.reference_members)
+                                 scout=config.scout, reference_members=config.reference_members,
+                                 guide_where=guide_where)
         return play(sampler, ctx.renderer, ctx.source.episodes(tasks, config.group_size),
                     max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
                     seed=seed)
+
+    guide_where = None
+    if config.reference_when == "uninformative":  # guide only the groups that would teach nothing
+        def guide_where(groups: list) -> list[bool]:
+            return [not ok for ok in dynamic_sampling.informative(groups, config.variance_on)]
 
     groups = roll(items)
     if config.dynamic_sampling and ctx.draw is not None:
