@@ -101,6 +101,9 @@ def test_a_reference_scout_run_is_a_model_of_its_own_branched_from_the_scripted_
     (["--scout", "oracle"], "argument --scout: invalid choice: 'oracle'"),
     (["--reference-members", "8"], "--reference-members 8: must be fewer than --grpo-group (8)"),
     (["--reference-members", "1", "--branch-at", "3"], "with --branch-at above 1, give --scout reference too"),
+    (["--reference-when", "uninformative"], "--reference-when uninformative: chooses the groups the reference "
+                                            "members play in; give --reference-members N too"),
+    (["--reference-when", "sometimes"], "argument --reference-when: invalid choice: 'sometimes'"),
 ])
 def test_bad_settings_are_refused_before_any_phase_runs(tmp_path, argv, message):
     done = _run("--out", tmp_path / "out", *argv)

@@ -502,6 +502,14 @@ def test_reference_members_are_checked_against_the_group_the_scout_and_the_sourc
         GRPOConfig(reference_members=1)
     with pytest.raises(StropError, match="reference_members: must be an integer from 0 to 1,023"):
         GRPOConfig(environment=env, reference_members=-1)
+    assert GRPOConfig().reference_when == "always"
+    assert GRPOConfig(environment=env, reference_members=1, reference_when="uninformative").reference_when == \
+        "uninformative"
+    with pytest.raises(StropError, match="reference_when: 'uninformative' chooses the groups the reference members "
+                                         "play in; set reference_members too"):
+        GRPOConfig(environment=env, reference_when="uninformative")
+    with pytest.raises(StropError, match="reference_when: must be one of always, uninformative, got 'never'"):
+        GRPOConfig(environment=env, reference_members=1, reference_when="never")
 
 
 def test_a_run_with_a_reference_member_learns_where_the_model_fails_and_reports_only_its_samples(
@@ -571,11 +579,15 @@ def test_the_descriptor_maps_branch_at_turn_and_identical_turns_with_their_paths
     data["config"]["rlHyperparams"].update(scoutTemperature=None, scout="reference", referenceMembers=1)
     assert validate_descriptor(data).to_grpo_config(None, []).scout == "reference"
     assert validate_descriptor(data).to_grpo_config(None, []).reference_members == 1
-    assert default["referenceMembers"] == 0
+    assert default["referenceMembers"] == 0 and default["referenceWhen"] == "always"
+    data["config"]["rlHyperparams"]["referenceWhen"] = "uninformative"
+    assert validate_descriptor(data).to_grpo_config(None, []).reference_when == "uninformative"
 
     data["config"]["rlHyperparams"].update(branchAtTurn=0, identicalTurns="sometimes", scoutTemperature=11,
-                                           scout="oracle", referenceMembers=-1)
+                                           scout="oracle", referenceMembers=-1, referenceWhen=True)
     found = problems(data)
+    assert any(p.startswith('$.config.rlHyperparams.referenceWhen: must be "always" (every group) or "uninformative"')
+               for p in found), found
     assert any(p.startswith("$.config.rlHyperparams.referenceMembers: must be an integer from 0 to 1,023")
                for p in found), found
     assert any(p.startswith('$.config.rlHyperparams.scout: must be "policy"') for p in found), found
