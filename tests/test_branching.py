@@ -512,19 +512,22 @@ def test_reference_members_are_checked_against_the_group_the_scout_and_the_sourc
         GRPOConfig(environment=env, reference_members=1, reference_when="never")
 
 
+@pytest.mark.parametrize("when", ["always", "uninformative"])
 def test_a_run_with_a_reference_member_learns_where_the_model_fails_and_reports_only_its_samples(
-        tiny_model_dir, tmp_path, capsys):
+        tiny_model_dir, tmp_path, capsys, when):
     """`strop train` in finance-sql with the tiny random model, which never answers: the reference member makes
-    every group informative, so the step trains, while the reward it reports is the model's own."""
+    every group informative, so the step trains, while the reward it reports is the model's own. Every group is
+    one the model fails whole, so "uninformative" guides them all too."""
     import json
     from strop.cli.main import main
     run_dir = tmp_path / "run"
     code = main(["train", "--base-model", str(tiny_model_dir), "--environment", "finance-sql", "--env-option",
                  "companies=1", "--branch-at-turn", "3", "--scout", "reference", "--reference-members", "1",
-                 "--group-size", "3", "--batch-size", "2", "--steps", "1", "--max-tokens", "8", "--rank", "4",
+                 "--reference-when", when, "--group-size", "3", "--batch-size", "2", "--steps", "1", "--max-tokens", "8", "--rank", "4",
                  "--run-dir", str(run_dir), "--quiet", "-o", "json"])
     assert code == 0, capsys.readouterr().err
-    assert json.loads((run_dir / "config.json").read_text())["reference_members"] == 1
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["reference_members"], config["reference_when"]) == (1, when)
     records = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     guides = [r for r in records if r.get("reference")]
     assert len(records) == 6 and len(guides) == 2
@@ -532,7 +535,7 @@ def test_a_run_with_a_reference_member_learns_where_the_model_fails_and_reports_
     [row] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     sampled = [r["reward"] for r in records if not r.get("reference")]
     assert row["reward"] == pytest.approx(sum(sampled) / len(sampled)) and row["reward"] < 1.1
-    assert row["zeroVarianceGroups"] == 0 and row["trainedTokens"] > 0
+    assert row["zeroVarianceGroups"] == 0 and row["trainedTokens"] > 0 and row["guidedGroups"] == 2
     assert row["residentMiB"] > 100 and row["heapFreeMiB"] >= 0      # a model and its trainer are resident
 
 

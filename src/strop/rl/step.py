@@ -242,6 +242,7 @@ def learn_step(ctx: StepContext, sampled: Sampled, epoch: int = 0, waited: float
         tasksDrawn=len(groups) if config.dynamic_sampling else None,
         groupsKept=len(kept) if config.dynamic_sampling else None,
         groupsDropped=len(groups) - len(kept) if config.dynamic_sampling else None,
+        guidedGroups=sum(any(r.reference for r in group) for group in groups) if config.reference_members else None,
         trainedTokens=trained,
         untrainedTurns=untrained if config.branch_at_turn or skip_identical else None,
         overlongMasked=masked if config.overlong == "mask" else None,

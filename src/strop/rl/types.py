@@ -109,6 +109,7 @@ class StepMetrics:
     tasksDrawn: int | None = None              # dynamic sampling: tasks (groups) sampled this step, its batch included
     groupsKept: int | None = None              # dynamic sampling: informative groups trained on (at most batchSize)
     groupsDropped: int | None = None           # dynamic sampling: groups drawn but not trained (no variance, or surplus)
+    guidedGroups: int | None = None            # referenceMembers: groups holding reference episodes (referenceWhen)
     trainedTokens: float = 0.0                 # tokens the update had a gradient for (advantage or KL not 0)
     untrainedTurns: int | None = None          # branchAtTurn / identicalTurns: turns of trained groups left untrained
     overlongMasked: int | None = None          # overlong mask: rollouts of trained groups cut at max tokens, not trained
