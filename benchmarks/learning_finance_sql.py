@@ -54,6 +54,7 @@ from strop.tokenizer_utils import get_tokenizer
 RUBRICS = ("validToolCalls", "tablesListedFirst", "hallucinatedTables", "hallucinatedColumns", "recoveries",
            "submitted", "turns")
 BRANCH_AT = 3  # the turn GRPO's groups branch at by default: the first query after listing and describing a table
+GRPO_LR = 5e-5
 FIRST_QUERY_AT_ONCE = 64  # discovery states played at a time (each holds a SQLite database)
 
 
@@ -121,14 +122,15 @@ def main() -> int:
         ("" if args.scout == "policy" else "-reference") + \
         (f"-guide{args.reference_members}" if args.reference_members else "") + \
         ("" if args.reference_when == "always" else "-uninformative") + \
-        (f"-mix{args.sft_mix:g}" if args.sft_mix else "")
+        (f"-mix{args.sft_mix:g}" if args.sft_mix else "") + \
+        ("" if args.grpo_lr == GRPO_LR else f"-lr{args.grpo_lr:g}")
     names = ["sft", *(f"grpo-s{seed}{variant}" for seed in seeds)]
     known = {"", *names, *(["base"] if args.base else [])}
     unknown = sorted(set((args.evaluate or "").split(",")) - known) if args.evaluate is not None else []
     if unknown:
         sys.exit(f"--evaluate: no model {', '.join(unknown)} in this run; its models are {', '.join(names)}"
                  + (", base" if args.base else "") + " (--grpo-seeds, --branch-at, --sft-mix, --scout-temperature, "
-                 "--scout and --reference-members name them; --base adds base)")
+                 "--scout, --reference-members, --reference-when and --grpo-lr name them; --base adds base)")
     order = [("first-query", "sft")]
     for seed, name in zip(seeds, names[1:]):
         order += [("train", name), ("first-query", name)]
@@ -243,7 +245,8 @@ def _cli() -> argparse.ArgumentParser:
         "--sft-mix (default: %(default)s)")
     add("--keep-zero-answers", action="store_true", help="let GRPO draw pool tasks whose answer is 0 too, as runs "
         "before this option did (a wrong query that finds a zero answers them right)")
-    add("--grpo-lr", type=_number(0, 1), default=5e-5)
+    add("--grpo-lr", type=_number(0, 1), default=GRPO_LR, help="GRPO's learning rate; another rate's runs are the "
+        "models grpo-sSEED-...-lrX (default: %(default)s)")
     add("--kl", type=_number(0, 1e6), default=0.02, help="KL penalty to the warm start (default: %(default)s)")
     add("--temperature", type=_number(0, 10), default=0.7, help="GRPO sampling temperature (default: %(default)s)")
     add("--rank", type=_at_least(1), default=32)
