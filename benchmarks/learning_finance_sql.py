@@ -78,6 +78,21 @@ def main() -> int:
     if args.dtype != "auto":
         os.environ["STROP_DTYPE"] = args.dtype  # the evaluations' samplers too
     seeds = [int(s) for s in args.grpo_seeds.split(",") if s.strip()]
+    # a GRPO variant's runs are models of their own (grpo-s0-scout0), beside the default's in the same OUT
+    variant = ("" if args.branch_at == BRANCH_AT else f"-branch{args.branch_at}") + \
+        ("" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}") + \
+        ("" if args.scout == "policy" else "-reference") + \
+        (f"-guide{args.reference_members}" if args.reference_members else "") + \
+        ("" if args.reference_when == "always" else "-uninformative") + \
+        (f"-mix{args.sft_mix:g}" if args.sft_mix else "") + \
+        ("" if args.grpo_lr == GRPO_LR else f"-lr{args.grpo_lr:g}")
+    names = ["sft", *(f"grpo-s{seed}{variant}" for seed in seeds)]
+    known = {"", *names, *(["base"] if args.base else [])}
+    unknown = sorted(set((args.evaluate or "").split(",")) - known) if args.evaluate is not None else []
+    if unknown:
+        cli.error(f"--evaluate: no model {', '.join(unknown)} in this run; its models are {', '.join(names)}"
+                 + (", base" if args.base else "") + " (--grpo-seeds, --branch-at, --sft-mix, --scout-temperature, "
+                 "--scout, --reference-members, --reference-when and --grpo-lr name them; --base adds base)")
     print(f"{args.model}, trainer {resolve_dtype(args.dtype)}, sampler {sampler_dtype_for(args.dtype)}; CPU kernels "
           f"{kernels()}", flush=True)
     if args.fresh and args.out.exists():
@@ -116,21 +131,6 @@ def main() -> int:
                                                            args.multi_max_tokens)}
     # the cheap measures first and the warm start's once, so that a --stop-after budget keeps the comparisons that
     # matter most: each seed's first-query measure, then full episodes, then the generalisation split
-    # a GRPO variant's runs are models of their own (grpo-s0-scout0), beside the default's in the same OUT
-    variant = ("" if args.branch_at == BRANCH_AT else f"-branch{args.branch_at}") + \
-        ("" if args.scout_temperature is None else f"-scout{args.scout_temperature:g}") + \
-        ("" if args.scout == "policy" else "-reference") + \
-        (f"-guide{args.reference_members}" if args.reference_members else "") + \
-        ("" if args.reference_when == "always" else "-uninformative") + \
-        (f"-mix{args.sft_mix:g}" if args.sft_mix else "") + \
-        ("" if args.grpo_lr == GRPO_LR else f"-lr{args.grpo_lr:g}")
-    names = ["sft", *(f"grpo-s{seed}{variant}" for seed in seeds)]
-    known = {"", *names, *(["base"] if args.base else [])}
-    unknown = sorted(set((args.evaluate or "").split(",")) - known) if args.evaluate is not None else []
-    if unknown:
-        sys.exit(f"--evaluate: no model {', '.join(unknown)} in this run; its models are {', '.join(names)}"
-                 + (", base" if args.base else "") + " (--grpo-seeds, --branch-at, --sft-mix, --scout-temperature, "
-                 "--scout, --reference-members, --reference-when and --grpo-lr name them; --base adds base)")
     order = [("first-query", "sft")]
     for seed, name in zip(seeds, names[1:]):
         order += [("train", name), ("first-query", name)]

@@ -104,6 +104,8 @@ def test_a_reference_scout_run_is_a_model_of_its_own_branched_from_the_scripted_
     (["--reference-when", "uninformative"], "--reference-when uninformative: chooses the groups the reference "
                                             "members play in; give --reference-members N too"),
     (["--reference-when", "sometimes"], "argument --reference-when: invalid choice: 'sometimes'"),
+    (["--grpo-lr", "1e-4", "--evaluate", "grpo-s0"], "--evaluate: no model grpo-s0 in this run; its models are sft, "
+                                                     "grpo-s0-lr0.0001, grpo-s1-lr0.0001"),
 ])
 def test_bad_settings_are_refused_before_any_phase_runs(tmp_path, argv, message):
     done = _run("--out", tmp_path / "out", *argv)
